@@ -1,0 +1,174 @@
+"""Every on-disk path of a run directory, in one place, plus the atomic-write helpers.
+
+The run directory is the only contract between the job's components (trainer and
+rollout steps never import each other). Owning all of its paths here keeps the layout
+visible and lets a later version move things without hunting through the code.
+
+Must not: import torch, Hydra, or anything else of ours.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import socket
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+
+def _tmp_name(path: Path) -> Path:
+    """A temp name beside ``path`` that no other writer (host, process) can collide with."""
+    suffix = f".{socket.gethostname()}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
+    return path.with_name(path.name + suffix)
+
+
+def fsync_dir(directory: Path) -> None:
+    """Flush a directory entry (after a rename) so that the rename survives a crash."""
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def atomic_write_bytes(path: Path | str, data: bytes, mode: int = 0o644) -> Path:
+    """Write ``data`` to ``path`` so that readers see either the old file or the whole new one.
+
+    Temp name in the same directory, fsync, chmod, ``os.replace``, fsync of the directory:
+    POSIX rename semantics only, which NFS, Lustre and GPFS honour.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = _tmp_name(path)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.chmod(tmp, mode)  # the umask may have narrowed the mode given to open()
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    fsync_dir(path.parent)
+    return path
+
+
+def atomic_write_text(path: Path | str, text: str, mode: int = 0o644) -> Path:
+    return atomic_write_bytes(path, text.encode("utf-8"), mode)
+
+
+def atomic_write_json(path: Path | str, obj: Any, mode: int = 0o644) -> Path:
+    return atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=True) + "\n", mode)
+
+
+def read_json(path: Path | str) -> Any:
+    return json.loads(Path(path).read_text(encoding="utf-8"))
+
+
+@dataclass(frozen=True)
+class RunPaths:
+    """The layout of one run directory. Methods only compute paths; ``create`` makes folders."""
+
+    root: Path
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "root", Path(self.root).resolve())
+
+    # --- configuration and job bookkeeping -------------------------------------------------
+    @property
+    def resolved_config(self) -> Path:
+        """The composed, validated config; requeued and resumed jobs read only this file."""
+        return self.root / "config.yaml"
+
+    @property
+    def job_plan(self) -> Path:
+        return self.root / "job_plan.json"
+
+    @property
+    def sbatch_script(self) -> Path:
+        return self.root / "job.sbatch"
+
+    @property
+    def job_file(self) -> Path:
+        """Slurm job id and submission facts, written by the submitter."""
+        return self.root / "job.json"
+
+    @property
+    def control_dir(self) -> Path:
+        """Operator requests (cancel, drain) as flag files."""
+        return self.root / "control"
+
+    @property
+    def events_dir(self) -> Path:
+        """One JSON file per lifecycle event (started, preempted, ...), read by alerts/status."""
+        return self.root / "events"
+
+    # --- logs and metrics --------------------------------------------------------------------
+    @property
+    def logs_dir(self) -> Path:
+        return self.root / "logs"
+
+    def component_log(self, role: str) -> Path:
+        return self.logs_dir / f"{role}.log"
+
+    @property
+    def tensorboard_dir(self) -> Path:
+        return self.root / "tensorboard"
+
+    @property
+    def status_dir(self) -> Path:
+        """Heartbeats and progress files each component rewrites atomically."""
+        return self.root / "status"
+
+    # --- data exchange between roles ---------------------------------------------------------
+    @property
+    def spool_dir(self) -> Path:
+        """Sample spool (HDF5 shards); its inner layout belongs to ``relax_hpc.spool``."""
+        return self.root / "spool"
+
+    @property
+    def rendezvous_dir(self) -> Path:
+        """Weight-sync rendezvous files; inner layout belongs to ``relax_hpc.weightsync``."""
+        return self.root / "rendezvous"
+
+    @property
+    def weights_dir(self) -> Path:
+        """Filesystem export of policy weights, one folder per policy version."""
+        return self.root / "weights"
+
+    def weights_version_dir(self, policy_version: int) -> Path:
+        return self.weights_dir / f"v{policy_version}"
+
+    # --- checkpoints ---------------------------------------------------------------------------
+    @property
+    def checkpoints_dir(self) -> Path:
+        return self.root / "checkpoints"
+
+    def checkpoint_dir(self, step: int) -> Path:
+        return self.checkpoints_dir / f"step_{step:08d}"
+
+    @property
+    def export_dir(self) -> Path:
+        """Default destination of the Hugging Face export at the end of a run."""
+        return self.root / "export"
+
+    def create(self) -> RunPaths:
+        for folder in (
+            self.root,
+            self.control_dir,
+            self.events_dir,
+            self.logs_dir,
+            self.tensorboard_dir,
+            self.status_dir,
+            self.spool_dir,
+            self.rendezvous_dir,
+            self.weights_dir,
+            self.checkpoints_dir,
+        ):
+            folder.mkdir(parents=True, exist_ok=True)
+        os.chmod(self.rendezvous_dir, 0o700)  # holds the per-run weight-sync token
+        return self
