@@ -1,0 +1,40 @@
+"""Weight sync: versioned, verified, time-bounded transfer of policy weights.
+
+The trainer pushes weights to rollout engines that run in other Slurm job steps; they
+meet only in the run directory. Modules, by responsibility:
+
+- ``config``: ``WeightSyncConfig``.
+- ``rendezvous``: ``trainer.json`` / ``engines/*.json`` and the token proofs (what the
+  token protects and what not is documented there).
+- ``protocol``: bucket layout, packing, checksums, manifest; no I/O.
+- ``group``: TCPStore and one standalone Gloo/NCCL group per membership generation.
+- ``sender``: ``WeightSender`` for trainer rank 0; the round protocol is documented there.
+- ``receiver``: ``WeightReceiver`` for rollout engines; fail-closed semantics.
+- ``fs_export``: ``weights/v{N}/`` safetensors export and loading.
+- ``events``: JSON event files for alerts.
+
+This package does not import ``trainer`` or ``rollout``; both import it.
+"""
+
+from relax_hpc.weightsync.config import WeightSyncConfig
+from relax_hpc.weightsync.errors import (
+    WeightSyncError,
+    WeightSyncRefused,
+    WeightSyncTimeout,
+    WeightVerificationError,
+)
+from relax_hpc.weightsync.receiver import WeightReceiver, WeightUpdate, module_loader
+from relax_hpc.weightsync.sender import SyncReport, WeightSender
+
+__all__ = [
+    "SyncReport",
+    "WeightReceiver",
+    "WeightSender",
+    "WeightSyncConfig",
+    "WeightSyncError",
+    "WeightSyncRefused",
+    "WeightSyncTimeout",
+    "WeightUpdate",
+    "WeightVerificationError",
+    "module_loader",
+]

@@ -1,0 +1,61 @@
+"""Configuration of weight sync: one plain dataclass, validated before any job starts.
+
+Owns the knobs of ``relax_hpc.weightsync`` only. Must not import Hydra or torch; the
+config schema package registers this dataclass, jobs receive it as their sub-config.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+BACKENDS = ("auto", "gloo", "nccl")
+SERVE_DTYPES = ("bfloat16", "float16", "float32", "same")
+
+
+@dataclass
+class WeightSyncConfig:
+    """Weight sync between the trainer (rank 0) and the rollout engines.
+
+    backend: ``auto`` picks NCCL when the trainer's device is CUDA, else Gloo.
+    timeout_s: bound of every phase of a sync (ready, group formation, each bucket, results).
+    bucket_mb: size of one flat send buffer; tensors are packed into such buckets.
+    interval_steps: the trainer syncs every ``interval_steps`` optimizer steps.
+    serve_dtype: floating-point tensors are converted to it on the sender (``same`` keeps them).
+    fs_fallback: publish weights/v{N}/ when a sync reaches no engine or some engine failed.
+    fs_every_syncs: also publish every N syncs (0 = only as fallback), for joiners and debugging.
+    fs_keep_versions: published versions kept on disk; older ones are deleted by the trainer.
+    advertise_host: address engines use to reach the trainer ("" = this host's FQDN).
+    port: TCP port of the trainer's rendezvous store (0 = any free port).
+    poll_s: sleep between checks of a condition (store keys, files).
+    """
+
+    backend: str = "auto"
+    timeout_s: float = 60.0
+    bucket_mb: int = 256
+    interval_steps: int = 1
+    serve_dtype: str = "bfloat16"
+    fs_fallback: bool = True
+    fs_every_syncs: int = 0
+    fs_keep_versions: int = 2
+    advertise_host: str = ""
+    port: int = 0
+    poll_s: float = 0.02
+
+    def validate(self) -> WeightSyncConfig:
+        """Raise ``ValueError`` naming the first bad field as ``weightsync.<field>``."""
+        checks = (
+            ("backend", self.backend in BACKENDS, f"one of {', '.join(BACKENDS)}"),
+            ("timeout_s", self.timeout_s > 0, "a positive number of seconds"),
+            ("bucket_mb", self.bucket_mb >= 1, "at least 1"),
+            ("interval_steps", self.interval_steps >= 1, "at least 1"),
+            ("serve_dtype", self.serve_dtype in SERVE_DTYPES, f"one of {', '.join(SERVE_DTYPES)}"),
+            ("fs_every_syncs", self.fs_every_syncs >= 0, "0 (fallback only) or a positive count"),
+            ("fs_keep_versions", self.fs_keep_versions >= 1, "at least 1"),
+            ("port", 0 <= self.port <= 65535, "0 (any free port) or a TCP port"),
+            ("poll_s", 0 < self.poll_s <= self.timeout_s, "positive and at most timeout_s"),
+        )
+        for field, ok, expected in checks:
+            if not ok:
+                value = getattr(self, field)
+                raise ValueError(f"weightsync.{field}={value!r} is invalid: expected {expected}")
+        return self

@@ -1,0 +1,167 @@
+"""Rendezvous files in ``RunPaths.rendezvous_dir`` and the token-based admission proofs.
+
+Layout of the rendezvous directory (created 0700 by ``RunPaths.create``):
+
+- ``trainer.json`` (mode 0600, written atomically by the trainer): ``host``, ``port`` of the
+  trainer's TCPStore, the per-run ``token`` (random, 256 bits; kept across requeues of the
+  same run directory), ``instance`` (random per trainer start) and ``pid``.
+- ``engines/<engine_id>.json`` (mode 0600, one per engine, written by that engine and
+  deleted only by it): ``engine_id``, ``incarnation`` (random per join), ``trainer_instance``
+  it said hello to, ``host``, ``pid``.
+
+What the token does and does not protect:
+
+- Admission: an engine proves it knows the token by putting
+  ``HMAC-SHA256(token, "hello|<engine_id>|<incarnation>")`` in the store; the trainer
+  answers with ``HMAC(token, "admit|...")`` so the engine also knows it reached the real
+  trainer of this run. Peers without the token (another run's engines, a stale or mistyped
+  run directory, another user's processes, which cannot read the 0600 file) are refused
+  and are never part of a broadcast group.
+- Manifests and digests are signed with the token, so a receiver rejects metadata that
+  did not come from a holder of the token.
+- Not protected: the TCPStore and the Gloo/NCCL connections themselves are
+  unauthenticated and unencrypted (torch offers nothing else). Anyone who can reach the
+  store port can read keys (never the token: only HMACs travel), write keys, and so
+  disrupt a round (denial of service) or, with effort, race the group formation. The
+  bucket checksums are signed but are not MACs: an attacker able to inject bytes into a
+  Gloo/NCCL stream could craft data matching a signed CRC-32. Run on a trusted cluster
+  network; the token is an admission and misconfiguration guard, not transport security.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import secrets
+import socket
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from relax_hpc.paths import RunPaths, atomic_write_json, read_json
+from relax_hpc.weightsync.errors import WeightSyncTimeout
+
+PRIVATE_MODE = 0o600
+TRAINER_FILE = "trainer.json"
+ENGINES_DIR = "engines"
+
+
+@dataclass(frozen=True)
+class TrainerEndpoint:
+    host: str
+    port: int
+    token: str
+    instance: str
+    pid: int
+
+
+@dataclass(frozen=True)
+class EngineRegistration:
+    engine_id: str
+    incarnation: str
+    trainer_instance: str
+    host: str
+    pid: int
+
+    @property
+    def member_id(self) -> str:
+        """Identity of this engine process within groups: a restarted engine is a new member."""
+        return f"{self.engine_id}.{self.incarnation}"
+
+
+def new_token() -> str:
+    return secrets.token_hex(32)
+
+
+def new_nonce() -> str:
+    return secrets.token_hex(8)
+
+
+def default_host() -> str:
+    return socket.getfqdn()
+
+
+def sign(token: str, message: bytes) -> str:
+    return hmac.new(token.encode("ascii"), message, hashlib.sha256).hexdigest()
+
+
+def verify_signature(token: str, message: bytes, signature: str) -> bool:
+    return hmac.compare_digest(sign(token, message), signature)
+
+
+def hello_proof(token: str, member_id: str) -> str:
+    return sign(token, f"hello|{member_id}".encode())
+
+
+def admit_proof(token: str, member_id: str) -> str:
+    return sign(token, f"admit|{member_id}".encode())
+
+
+def trainer_file(paths: RunPaths) -> Path:
+    return paths.rendezvous_dir / TRAINER_FILE
+
+
+def engines_dir(paths: RunPaths) -> Path:
+    return paths.rendezvous_dir / ENGINES_DIR
+
+
+def existing_token(paths: RunPaths) -> str | None:
+    """The token of an earlier start of this run (requeue), so running engines stay valid."""
+    endpoint = read_trainer_endpoint(paths)
+    return endpoint.token if endpoint else None
+
+
+def publish_trainer_endpoint(paths: RunPaths, endpoint: TrainerEndpoint) -> Path:
+    paths.rendezvous_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    return atomic_write_json(trainer_file(paths), asdict(endpoint), mode=PRIVATE_MODE)
+
+
+def read_trainer_endpoint(paths: RunPaths) -> TrainerEndpoint | None:
+    path = trainer_file(paths)
+    if not path.exists():
+        return None
+    return TrainerEndpoint(**read_json(path))
+
+
+def wait_for_trainer_endpoint(paths: RunPaths, timeout_s: float, poll_s: float) -> TrainerEndpoint:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        endpoint = read_trainer_endpoint(paths)
+        if endpoint is not None:
+            return endpoint
+        if time.monotonic() >= deadline:
+            raise WeightSyncTimeout(
+                f"no trainer rendezvous file {trainer_file(paths)} after {timeout_s:.1f} s"
+            )
+        time.sleep(poll_s)
+
+
+def register_engine(paths: RunPaths, registration: EngineRegistration) -> Path:
+    path = engines_dir(paths) / f"{registration.engine_id}.json"
+    return atomic_write_json(path, asdict(registration), mode=PRIVATE_MODE)
+
+
+def deregister_engine(paths: RunPaths, registration: EngineRegistration) -> None:
+    """Remove this engine's file, unless a newer incarnation already replaced it."""
+    path = engines_dir(paths) / f"{registration.engine_id}.json"
+    try:
+        current = EngineRegistration(**read_json(path))
+    except (FileNotFoundError, json.JSONDecodeError, TypeError):
+        return
+    if current.incarnation == registration.incarnation:
+        path.unlink(missing_ok=True)
+
+
+def list_engine_registrations(paths: RunPaths) -> list[EngineRegistration]:
+    """Current registration files, sorted by engine id; unreadable files are skipped."""
+    folder = engines_dir(paths)
+    if not folder.is_dir():
+        return []
+    registrations = []
+    for path in sorted(folder.glob("*.json")):
+        try:
+            registrations.append(EngineRegistration(**read_json(path)))
+        except (FileNotFoundError, json.JSONDecodeError, TypeError):
+            continue  # deleted or replaced while listing
+    return registrations

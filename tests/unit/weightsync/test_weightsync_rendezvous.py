@@ -1,0 +1,77 @@
+"""Rendezvous files (modes, atomicity, ownership), token proofs, and the config contract."""
+
+from __future__ import annotations
+
+import stat
+
+import pytest
+
+from relax_hpc.paths import RunPaths
+from relax_hpc.weightsync import WeightSyncConfig, rendezvous
+
+
+def _mode(path) -> int:
+    return stat.S_IMODE(path.stat().st_mode)
+
+
+def test_trainer_file_is_private_and_round_trips(tmp_path):
+    paths = RunPaths(tmp_path).create()
+    endpoint = rendezvous.TrainerEndpoint("node1", 1234, rendezvous.new_token(), "abc", 42)
+    path = rendezvous.publish_trainer_endpoint(paths, endpoint)
+    assert _mode(path) == 0o600
+    assert _mode(paths.rendezvous_dir) == 0o700
+    assert rendezvous.read_trainer_endpoint(paths) == endpoint
+    assert rendezvous.existing_token(paths) == endpoint.token
+    assert not list(paths.rendezvous_dir.glob("*.tmp"))
+
+
+def test_missing_trainer_file_times_out_with_its_path(tmp_path):
+    paths = RunPaths(tmp_path).create()
+    with pytest.raises(rendezvous.WeightSyncTimeout, match="trainer.json"):
+        rendezvous.wait_for_trainer_endpoint(paths, timeout_s=0.05, poll_s=0.01)
+
+
+def test_engine_registration_is_private_and_only_its_owner_removes_it(tmp_path):
+    paths = RunPaths(tmp_path).create()
+    old = rendezvous.EngineRegistration("e1", "inc1", "trainer", "node2", 7)
+    new = rendezvous.EngineRegistration("e1", "inc2", "trainer", "node2", 8)
+    path = rendezvous.register_engine(paths, old)
+    assert _mode(path) == 0o600
+    rendezvous.register_engine(paths, new)  # a restarted engine replaces the file
+    rendezvous.deregister_engine(paths, old)
+    assert rendezvous.list_engine_registrations(paths) == [new]
+    rendezvous.deregister_engine(paths, new)
+    assert rendezvous.list_engine_registrations(paths) == []
+
+
+def test_proofs_depend_on_the_token_and_the_member():
+    token, other = rendezvous.new_token(), rendezvous.new_token()
+    proof = rendezvous.hello_proof(token, "e1.x")
+    assert rendezvous.verify_signature(token, b"hello|e1.x", proof)
+    assert not rendezvous.verify_signature(other, b"hello|e1.x", proof)
+    assert not rendezvous.verify_signature(token, b"hello|e2.x", proof)
+    assert rendezvous.admit_proof(token, "e1.x") != proof
+
+
+def test_config_defaults_validate():
+    assert WeightSyncConfig().validate() == WeightSyncConfig()
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("backend", "mpi"),
+        ("timeout_s", 0),
+        ("bucket_mb", 0),
+        ("interval_steps", 0),
+        ("serve_dtype", "fp8"),
+        ("fs_every_syncs", -1),
+        ("fs_keep_versions", 0),
+        ("port", 70000),
+        ("poll_s", 0),
+    ],
+)
+def test_config_errors_name_the_field(field, value):
+    config = WeightSyncConfig(**{field: value})
+    with pytest.raises(ValueError, match=rf"^weightsync\.{field}="):
+        config.validate()
