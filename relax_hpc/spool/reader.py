@@ -1,0 +1,313 @@
+"""The trainer side: claim shards, hand out batches of whole groups, keep the ledger.
+
+Exactly one ``SpoolReader`` consumes a spool: the trainer's rank 0 (it hands groups on to
+the other ranks). Claiming is ``rename(ready/<name>, claimed/c<seq>-<name>)``: atomic on
+NFS/Lustre/GPFS, no locks. The trainer loop::
+
+    groups = reader.next_batch(num_groups, policy_version)   # claims as needed, blocks
+    train_step(groups)
+    reader.mark_step_consumed(step)                         # commits the ledger
+    if checkpointing:
+        save({"spool": reader.state_dict(), ...})            # ledger of steps <= step
+        reader.on_checkpoint_complete(step)                  # consumed shards deleted now
+
+and on resume ``reader.load_state_dict(saved["spool"])`` before the first ``next_batch``.
+Only the state of a *complete* checkpoint may be loaded. After it, everything consumed
+after that checkpoint's step is handed out again, in the original order, and nothing
+consumed up to it is handed out again (see ``ledger`` for the argument). With
+``keep_consumed`` the consumed shards move to ``consumed/`` rather than being deleted,
+and a resume from an older retained checkpoint also restores them.
+
+Staleness is per group: GRPO-style advantages need every completion of a prompt, so a
+group whose oldest sample is more than ``max_staleness`` versions behind the trainer's
+``policy_version`` is dropped whole and counted, never silently. Duplicate sample ids
+(republished by a restarted rollout worker) drop their group too, also counted.
+
+Bad shards (truncated, unreadable, schema-invalid, unparsable name) go to ``quarantine/``
+with a reason and training continues; a shard from newer code raises ShardVersionError
+and stays where it is. Must not: write into ``ready/`` or run on more than one process.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections import deque
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from relax_hpc.paths import atomic_write_json, fsync_dir
+from relax_hpc.spool.config import SpoolConfig
+from relax_hpc.spool.errors import ShardCorruptError, SpoolTimeout
+from relax_hpc.spool.format import read_shard
+from relax_hpc.spool.layout import (
+    ShardName,
+    SpoolLayout,
+    claimed_name,
+    list_names,
+    parse_claimed,
+    rename_once,
+)
+from relax_hpc.spool.ledger import DELIVERED, DUPLICATE, STALE, Ledger, sample_key
+from relax_hpc.spool.quarantine import clean_abandoned_tmp, quarantine_shard
+from relax_hpc.spool.sample import Group
+
+log = logging.getLogger(__name__)
+_TMP_CLEAN_INTERVAL_S = 60.0
+_THROUGHPUT_WINDOW = 20  # recent steps kept in reader.json for the status CLI
+
+
+class SpoolReader:
+    def __init__(
+        self,
+        spool_dir: Path | str,
+        config: SpoolConfig | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        self._config = (config or SpoolConfig()).validate()
+        self._layout = SpoolLayout(Path(spool_dir)).create()
+        self._clock = clock
+        self._sleep = sleep
+        self._ledger = Ledger(self._config.ledger_keep_steps)
+        self._groups: dict[str, list[Group]] = {}  # decoded shards on the stream
+        self._ready: deque[str] = deque()  # cached listing of ready/, oldest first
+        self._recovered = False
+        self._last_tmp_clean = -_TMP_CLEAN_INTERVAL_S
+        self._recent: deque[tuple[float, int]] = deque(maxlen=_THROUGHPUT_WINDOW)
+        self._last_batch: dict[str, float] = {}
+
+    # --- trainer API -----------------------------------------------------------------------------
+    def next_batch(
+        self, num_groups: int, policy_version: int, timeout_s: float | None = None
+    ) -> list[Group]:
+        """The next ``num_groups`` deliverable groups, claiming shards as needed.
+
+        Blocks (polling every ``poll_s``) until enough groups are ready; after ``timeout_s``
+        raises SpoolTimeout and leaves the ledger as if it had not been called.
+        """
+        if num_groups < 1:
+            raise ValueError(f"num_groups must be >= 1, got {num_groups}")
+        self._recover()
+        start = self._clock()
+        deadline = None if timeout_s is None else start + timeout_s
+        batch: list[Group] = []
+        self._ledger.begin_batch()
+        try:
+            while len(batch) < num_groups:
+                if not self._take_one(policy_version, batch) and not self._claim_one():
+                    self._wait(deadline, num_groups, len(batch))
+        except BaseException:
+            self._ledger.rollback_batch()
+            raise
+        self._ledger.commit_batch()
+        self._evict_taken()
+        self._last_batch = self._batch_metrics(batch, policy_version, self._clock() - start)
+        return batch
+
+    def mark_step_consumed(self, step: int) -> None:
+        """The groups handed out since the last call were consumed by training ``step``."""
+        self._recover()
+        record = self._ledger.commit_step(step)
+        self._recent.append((time.time(), self._ledger.counters["num_delivered_samples"]))
+        self._write_status(record)
+
+    def on_checkpoint_complete(self, step: int) -> None:
+        """The checkpoint of ``step`` (holding ``state_dict()``) is durable: collect shards."""
+        self._recover()
+        if step > self._ledger.step:
+            raise ValueError(
+                f"checkpoint step {step} is after the last consumed step {self._ledger.step}"
+            )
+        for name in self._ledger.collectable(step):
+            self._retire(name)
+            self._ledger.forget(name)
+        fsync_dir(self._layout.claimed_dir)
+        self._ledger.checkpointed_step = max(self._ledger.checkpointed_step, step)
+
+    def state_dict(self) -> dict[str, Any]:
+        """The ledger of steps <= the last ``mark_step_consumed``.
+
+        One opaque JSON string under a fixed key: torch DCP loads only keys present in the
+        template state dict, so variable content (shard names) must live inside one value.
+        """
+        return {"spool_ledger": json.dumps(self._ledger.state(), sort_keys=True)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Resume from a complete checkpoint's ``state_dict()``; call before ``next_batch``."""
+        if self._recovered:
+            raise ValueError("load_state_dict must be called before the first next_batch")
+        ledger = Ledger.from_state(
+            json.loads(state["spool_ledger"]), self._config.ledger_keep_steps
+        )
+        self._ledger = ledger
+        self._recover()
+
+    def metrics(self) -> dict[str, float]:
+        """Counters (cumulative, as of the last step) and the last batch's figures."""
+        counters = {f"spool/{k}": float(v) for k, v in sorted(self._ledger.counters.items())}
+        return {**counters, **self._last_batch}
+
+    # --- the stream ------------------------------------------------------------------------------
+    def _take_one(self, policy_version: int, batch: list[Group]) -> bool:
+        """Take the stream's next group into ``batch`` (or drop it); False if none is claimed."""
+        while (cursor := self._ledger.head()) is not None:
+            groups = self._load(cursor.name)
+            if groups is None:
+                continue  # quarantined or missing; the ledger forgot it
+            group = groups[cursor.taken]
+            keys = [sample_key(s.sample_id) for s in group]
+            outcome = self._classify(group, keys, policy_version)
+            self._ledger.take(cursor.name, keys, outcome)
+            if outcome == DELIVERED:
+                batch.append(group)
+            return True
+        return False
+
+    def _classify(self, group: Group, keys: list[int], policy_version: int) -> str:
+        num_seen = self._ledger.num_seen(keys)
+        if num_seen or len(set(keys)) != len(keys):
+            log.warning(
+                "spool: group %s repeats %d delivered sample ids; dropped",
+                group[0].group_id,
+                num_seen,
+            )
+            return DUPLICATE
+        staleness = policy_version - min(s.policy_version for s in group)
+        if 0 <= self._config.max_staleness < staleness:
+            return STALE
+        return DELIVERED
+
+    def _load(self, name: str) -> list[Group] | None:
+        if name in self._groups:
+            return self._groups[name]
+        path = self._layout.claimed_dir / name
+        try:
+            header, groups = read_shard(path)
+            expected = parse_claimed(name)
+            assert expected is not None, name
+            if header.num_groups != expected[1].num_groups:
+                raise ShardCorruptError(
+                    f"{name}: holds {header.num_groups} groups, its name says {expected[1].num_groups}"
+                )
+        except FileNotFoundError:
+            log.error("spool: claimed shard %s vanished; its unconsumed groups are lost", name)
+            self._drop(name, "num_missing_shards")
+            return None
+        except ShardCorruptError as error:
+            quarantine_shard(self._layout, path, str(error))
+            self._drop(name, "num_quarantined_shards")
+            return None
+        self._groups[name] = groups
+        return groups
+
+    def _drop(self, name: str, counter: str) -> None:
+        cursor = next(c for c in self._ledger.cursors() if c.name == name)
+        self._ledger.counters[counter] += 1
+        self._ledger.counters["num_lost_groups"] += cursor.num_groups - cursor.committed
+        self._ledger.forget(name)
+
+    def _evict_taken(self) -> None:
+        taken = {c.name for c in self._ledger.cursors() if c.taken == c.num_groups}
+        for name in [n for n in self._groups if n in taken]:
+            del self._groups[name]
+
+    # --- claiming --------------------------------------------------------------------------------
+    def _claim_one(self) -> bool:
+        """Move the oldest ready shard into ``claimed/`` and onto the stream; False if none."""
+        if not self._ready:
+            self._maybe_clean_tmp()
+            self._ready.extend(list_names(self._layout.ready_dir))
+        while self._ready:
+            name = self._ready.popleft()
+            source = self._layout.ready_dir / name
+            shard = ShardName.parse(name)
+            if shard is None:
+                quarantine_shard(self._layout, source, "not a spool shard name")
+                self._ledger.counters["num_quarantined_shards"] += 1
+                continue
+            target = claimed_name(self._ledger.next_claim_seq, name)
+            if not rename_once(source, self._layout.claimed_dir / target):
+                continue  # requeued or removed by an operator meanwhile
+            self._ledger.next_claim_seq += 1
+            fsync_dir(self._layout.claimed_dir)  # one journaled rename: one directory to flush
+            self._ledger.add_shard(target, shard.num_groups)
+            self._ledger.counters["num_claimed_shards"] += 1
+            return True
+        return False
+
+    def _wait(self, deadline: float | None, num_groups: int, num_have: int) -> None:
+        if deadline is not None and self._clock() >= deadline:
+            raise SpoolTimeout(f"spool: {num_have} of {num_groups} groups ready at the timeout")
+        self._sleep(self._config.poll_s)
+
+    def _maybe_clean_tmp(self) -> None:
+        if self._clock() - self._last_tmp_clean >= _TMP_CLEAN_INTERVAL_S:
+            self._last_tmp_clean = self._clock()
+            clean_abandoned_tmp(self._layout, self._config.tmp_max_age_s)
+
+    # --- recovery and garbage collection ---------------------------------------------------------
+    def _recover(self) -> None:
+        """Reconcile the ledger with ``claimed/`` (and ``consumed/``) once, before first use."""
+        if self._recovered:
+            return
+        self._recovered = True
+        ledger = self._ledger
+        on_disk = {n: parse_claimed(n) for n in list_names(self._layout.claimed_dir)}
+        for name in list_names(self._layout.consumed_dir):
+            parsed = parse_claimed(name)
+            restore = any(c.name == name and not c.done for c in ledger.cursors())
+            if (
+                parsed
+                and (restore or parsed[0] >= ledger.next_claim_seq)
+                and rename_once(self._layout.consumed_dir / name, self._layout.claimed_dir / name)
+            ):
+                on_disk[name] = parsed  # consumed after this checkpoint: hand out again
+        for name, parsed in sorted(on_disk.items()):
+            if parsed is None:
+                quarantine_shard(
+                    self._layout, self._layout.claimed_dir / name, "not a claimed shard name"
+                )
+                ledger.counters["num_quarantined_shards"] += 1
+            elif not any(c.name == name for c in ledger.cursors()):
+                ledger.add_shard(name, parsed[1].num_groups)
+            ledger.next_claim_seq = max(ledger.next_claim_seq, parsed[0] + 1 if parsed else 0)
+        for cursor in ledger.cursors():
+            if cursor.name not in on_disk and not cursor.done:
+                log.error("spool: shard %s of the checkpoint is missing", cursor.name)
+                self._drop(cursor.name, "num_missing_shards")
+        self.on_checkpoint_complete(ledger.step)  # the loaded checkpoint is complete
+        fsync_dir(self._layout.claimed_dir)
+
+    def _retire(self, name: str) -> None:
+        path = self._layout.claimed_dir / name
+        if self._config.keep_consumed:
+            rename_once(path, self._layout.consumed_dir / name)
+        else:
+            path.unlink(missing_ok=True)
+        self._groups.pop(name, None)
+
+    # --- metrics and status ----------------------------------------------------------------------
+    def _batch_metrics(
+        self, batch: list[Group], policy_version: int, wait_s: float
+    ) -> dict[str, float]:
+        versions = [s.policy_version for g in batch for s in g]
+        staleness = [policy_version - v for v in versions]
+        return {
+            "spool/wait_s": wait_s,
+            "spool/staleness_mean": sum(staleness) / max(1, len(staleness)),
+            "spool/staleness_max": float(max(staleness, default=0)),
+        }
+
+    def _write_status(self, record: dict) -> None:
+        status = {
+            "step": self._ledger.step,
+            "checkpointed_step": self._ledger.checkpointed_step,
+            "counters": dict(self._ledger.counters),
+            "last_record": record,
+            "recent": list(self._recent),  # [unix_s, cumulative delivered samples]
+            "updated_unix_s": time.time(),
+        }
+        atomic_write_json(self._layout.reader_status_path, status)

@@ -1,0 +1,96 @@
+"""Sample and group builders shared by the spool unit tests."""
+
+from __future__ import annotations
+
+import dataclasses
+import zlib
+
+import numpy as np
+
+from relax_hpc.spool import AudioClip, Sample
+
+
+def make_sample(
+    sample_id: str,
+    group_id: str = "g0",
+    policy_version: int = 0,
+    num_response: int = 7,
+    seed: int = 0,
+    **fields,
+) -> Sample:
+    rng = np.random.default_rng(seed)
+    values = dict(
+        sample_id=sample_id,
+        group_id=group_id,
+        data_index=3,
+        prompt_token_ids=rng.integers(0, 50_000, 5, dtype=np.int32),
+        response_token_ids=rng.integers(0, 50_000, num_response, dtype=np.int32),
+        loss_mask=np.ones(num_response, np.uint8),
+        rollout_logprobs=-rng.random(num_response).astype(np.float32),
+        reward=1.0,
+        policy_version=policy_version,
+        finish_reason="stop",
+    )
+    values.update(fields)
+    return Sample(**values)
+
+
+def make_group(group_id: str, size: int = 3, policy_version: int = 0) -> list[Sample]:
+    return [
+        make_sample(
+            f"{group_id}-s{k}",
+            group_id,
+            policy_version,
+            seed=zlib.crc32(f"{group_id}-{k}".encode()),
+        )
+        for k in range(size)
+    ]
+
+
+def make_full_sample(sample_id: str, group_id: str, seed: int) -> Sample:
+    """Every field populated, multimodal payloads included, odd lengths and unicode."""
+    rng = np.random.default_rng(seed)
+    mask = np.array([1, 1, 0, 0, 0, 1, 1, 1], np.uint8)  # observation tokens in the middle
+    return make_sample(
+        sample_id,
+        group_id,
+        policy_version=7,
+        num_response=len(mask),
+        seed=seed,
+        loss_mask=mask,
+        data_index=123_456_789_012,
+        reward=-0.25,
+        finish_reason="length",
+        num_turns=3,
+        reward_details={"correct": 0.0, "format": 0.5, "answer": "42 ✓"},
+        timings_s={"generate": 1.5, "reward": 0.01},
+        images=[
+            rng.integers(0, 256, (6, 5, 3), dtype=np.uint8),
+            rng.integers(0, 256, (4, 2), dtype=np.uint8),
+        ],
+        audio=[
+            AudioClip(rng.standard_normal(11).astype(np.float32), 16_000),
+            AudioClip(rng.standard_normal((9, 2)).astype(np.float32), 44_100),
+        ],
+        metadata={"dataset": "gsm8k", "tools": ["python"], "note": "ünïcödé"},
+    )
+
+
+def assert_samples_equal(actual: Sample, expected: Sample) -> None:
+    for field in dataclasses.fields(Sample):
+        a, e = getattr(actual, field.name), getattr(expected, field.name)
+        if isinstance(e, np.ndarray):
+            assert a.dtype == e.dtype or field.name == "loss_mask", field.name
+            np.testing.assert_array_equal(a, e, err_msg=field.name)
+        elif field.name == "images":
+            assert len(a) == len(e)
+            for x, y in zip(a, e, strict=True):
+                assert x.dtype == np.uint8 and x.shape == y.shape
+                np.testing.assert_array_equal(x, y)
+        elif field.name == "audio":
+            assert [c.sample_rate_hz for c in a] == [c.sample_rate_hz for c in e]
+            for x, y in zip(a, e, strict=True):
+                assert x.waveform.dtype == np.float32 and x.waveform.shape == y.waveform.shape
+                np.testing.assert_array_equal(x.waveform, y.waveform)
+        else:
+            assert a == e, field.name

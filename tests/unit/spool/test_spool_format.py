@@ -1,0 +1,176 @@
+"""Shard format: every field round-trips; bad files raise the right, clear errors."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from spool_factories import assert_samples_equal, make_full_sample, make_group, make_sample
+
+from relax_hpc.spool import SCHEMA_VERSION, AudioClip, ShardCorruptError, ShardVersionError
+from relax_hpc.spool.format import read_header, read_shard, write_shard_file
+
+
+def _write(path: Path, groups) -> Path:
+    write_shard_file(path, groups, writer_id="rollout.r0", created_unix_s=1700000000.5)
+    return path
+
+
+def test_every_field_round_trips_multimodal_included(tmp_path: Path) -> None:
+    groups = [
+        [make_full_sample("a0", "ga", 1), make_full_sample("a1", "ga", 2)],
+        [make_sample("b0", "gb", policy_version=5, num_response=0)],  # empty response
+        [make_full_sample("c0", "gc", 3)],
+    ]
+    header, read = read_shard(_write(tmp_path / "s.h5", groups))
+    assert [len(g) for g in read] == [2, 1, 1]
+    for got, want in zip([s for g in read for s in g], [s for g in groups for s in g], strict=True):
+        assert_samples_equal(got, want)
+    assert header.schema_version == SCHEMA_VERSION
+    assert (header.num_groups, header.num_samples) == (3, 4)
+    assert (header.min_policy_version, header.max_policy_version) == (5, 7)
+    assert header.writer_id == "rollout.r0" and header.created_unix_s == 1700000000.5
+    assert read_header(tmp_path / "s.h5") == header
+
+
+def test_read_arrays_are_read_only_views(tmp_path: Path) -> None:
+    _, groups = read_shard(_write(tmp_path / "s.h5", [make_group("g", 2)]))
+    with pytest.raises(ValueError):
+        groups[0][0].response_token_ids[0] = 1
+
+
+@settings(
+    max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    group_sizes=st.lists(st.integers(1, 4), min_size=1, max_size=4),
+    num_response=st.integers(0, 20),
+    num_images=st.integers(0, 2),
+    num_audio=st.integers(0, 2),
+    text=st.text(max_size=12),
+)
+def test_round_trip_property(
+    tmp_path: Path, group_sizes, num_response, num_images, num_audio, text
+) -> None:
+    groups = []
+    for g, size in enumerate(group_sizes):
+        group = []
+        for k in range(size):
+            rng = np.random.default_rng(g * 10 + k)
+            group.append(
+                make_sample(
+                    f"{text}-{g}-{k}",
+                    f"{text}-{g}",
+                    policy_version=g,
+                    num_response=num_response,
+                    finish_reason=text,
+                    metadata={"text": text},
+                    images=[rng.integers(0, 256, (k + 1, 2, 3), dtype=np.uint8)] * num_images,
+                    audio=[AudioClip(rng.random(k + 2).astype(np.float32), 8000)] * num_audio,
+                )
+            )
+        groups.append(group)
+    path = tmp_path / f"p{len(list(tmp_path.iterdir()))}.h5"
+    _, read = read_shard(_write(path, groups))
+    for got, want in zip([s for g in read for s in g], [s for g in groups for s in g], strict=True):
+        assert_samples_equal(got, want)
+
+
+@pytest.mark.parametrize(
+    ("groups", "message"),
+    [
+        ([], "at least one group"),
+        ([[]], "empty"),
+        ([[make_sample("a", "g1"), make_sample("b", "g2")]], "mixes group ids"),
+        ([[make_sample("a", loss_mask=np.ones(2, np.uint8))]], "equal lengths"),
+        ([[make_sample("a", policy_version=-1)]], "policy_version"),
+    ],
+)
+def test_writer_rejects_bad_groups(tmp_path: Path, groups, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        write_shard_file(tmp_path / "x.h5", groups, "w", 0.0)
+    assert not (tmp_path / "x.h5").exists()
+
+
+def test_newer_schema_version_is_a_clear_error(tmp_path: Path) -> None:
+    path = _write(tmp_path / "s.h5", [make_group("g")])
+    with h5py.File(path, "r+") as h5:
+        h5.attrs["schema_version"] = SCHEMA_VERSION + 1
+    with pytest.raises(ShardVersionError, match=f"schema_version {SCHEMA_VERSION + 1} is newer"):
+        read_shard(path)
+    with pytest.raises(ShardVersionError):
+        read_header(path)
+
+
+def _corrupt_truncated(path: Path) -> None:
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])
+
+
+def _corrupt_garbage(path: Path) -> None:
+    path.write_bytes(b"\x00" * 4096)
+
+
+def _corrupt_schema_name(path: Path) -> None:
+    with h5py.File(path, "r+") as h5:
+        h5.attrs["schema"] = "something.else"
+
+
+def _corrupt_missing_dataset(path: Path) -> None:
+    with h5py.File(path, "r+") as h5:
+        del h5["response/loss_mask"]
+
+
+def _corrupt_offsets(path: Path) -> None:
+    with h5py.File(path, "r+") as h5:
+        offsets = h5["response/offsets"][()]
+        offsets[1] = offsets[-1] + 5
+        h5["response/offsets"][...] = offsets
+
+
+def _corrupt_group_count(path: Path) -> None:
+    with h5py.File(path, "r+") as h5:
+        h5.attrs["num_groups"] = 5
+
+
+def _corrupt_dtype(path: Path) -> None:
+    with h5py.File(path, "r+") as h5:
+        values = h5["prompt/token_ids"][()]
+        del h5["prompt/token_ids"]
+        h5["prompt/token_ids"] = values.astype(np.float64)
+
+
+def _corrupt_json(path: Path) -> None:
+    with h5py.File(path, "r+") as h5:
+        h5["sample/metadata"][0] = ord("}")
+
+
+def _corrupt_json_types(path: Path) -> None:
+    with h5py.File(path, "r+") as h5:
+        del h5["sample/sample_id"]
+        h5["sample/sample_id"] = np.frombuffer(b"[1, 2, 3, 4, 5]", dtype=np.uint8)
+
+
+@pytest.mark.parametrize(
+    "corrupt",
+    [
+        _corrupt_truncated,
+        _corrupt_garbage,
+        _corrupt_schema_name,
+        _corrupt_missing_dataset,
+        _corrupt_offsets,
+        _corrupt_group_count,
+        _corrupt_dtype,
+        _corrupt_json,
+        _corrupt_json_types,
+    ],
+)
+def test_corrupt_shards_raise_shard_corrupt_error(tmp_path: Path, corrupt) -> None:
+    path = _write(tmp_path / "s.h5", [make_group("g1"), make_group("g2", 2)])
+    corrupt(path)
+    with pytest.raises(ShardCorruptError, match="s.h5"):
+        read_shard(path)
