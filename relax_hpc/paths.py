@@ -69,6 +69,15 @@ def read_json(path: Path | str) -> Any:
     return json.loads(Path(path).read_text(encoding="utf-8"))
 
 
+LOGS_SUBDIR = "logs"
+BATCH_LOG_NAME = f"{LOGS_SUBDIR}/batch-%j.log"  # %j: Slurm's job id (the hetjob leader's)
+
+
+def task_log_name(role: str, task: int | str) -> str:
+    """Run-dir-relative log of one task; ``task`` may be Slurm's ``%t`` pattern."""
+    return f"{LOGS_SUBDIR}/{role}-{task}.log"
+
+
 @dataclass(frozen=True)
 class RunPaths:
     """The layout of one run directory. Methods only compute paths; ``create`` makes folders."""
@@ -103,6 +112,11 @@ class RunPaths:
         return self.root / "control"
 
     @property
+    def cancel_request(self) -> Path:
+        """Present when an operator asked for a clean stop (``relax_hpc.cancel``)."""
+        return self.control_dir / "cancel"
+
+    @property
     def events_dir(self) -> Path:
         """One JSON file per lifecycle event (started, preempted, ...), read by alerts/status."""
         return self.root / "events"
@@ -110,10 +124,11 @@ class RunPaths:
     # --- logs and metrics --------------------------------------------------------------------
     @property
     def logs_dir(self) -> Path:
-        return self.root / "logs"
+        return self.root / LOGS_SUBDIR
 
-    def component_log(self, role: str) -> Path:
-        return self.logs_dir / f"{role}.log"
+    def task_log(self, role: str, task: int | str) -> Path:
+        """Output of one task (rank) of a role's step; Slurm and the local executor agree."""
+        return self.root / task_log_name(role, task)
 
     @property
     def tensorboard_dir(self) -> Path:

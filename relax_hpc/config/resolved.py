@@ -1,0 +1,41 @@
+"""Write and read the resolved config of a run (``RunPaths.resolved_config``).
+
+Jobs, requeued jobs and resumed jobs read only this file: they never re-compose from a
+working tree that may have changed since submission. OmegaConf is used here as a typed
+YAML reader; callers get plain dataclasses back.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from omegaconf import OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from relax_hpc.config.errors import ConfigError
+from relax_hpc.config.schema import RunConfig
+from relax_hpc.paths import atomic_write_text
+
+
+def run_config_to_yaml(cfg: RunConfig) -> str:
+    return OmegaConf.to_yaml(OmegaConf.structured(cfg))
+
+
+def write_resolved_config(cfg: RunConfig, path: Path) -> Path:
+    header = "# Resolved by relax_hpc.submit; jobs and resumed jobs read only this file.\n"
+    return atomic_write_text(path, header + run_config_to_yaml(cfg))
+
+
+def load_run_config(path: Path | str) -> RunConfig:
+    """Read a resolved config into ``RunConfig``; unknown or mistyped keys are errors."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(str(path), "no resolved config here; is this a relax_hpc run directory?")
+    try:
+        merged = OmegaConf.merge(OmegaConf.structured(RunConfig), OmegaConf.load(path))
+        cfg = OmegaConf.to_object(merged)
+    except OmegaConfBaseException as err:
+        key = getattr(err, "full_key", None) or str(path)
+        raise ConfigError(key, f"{err.msg if hasattr(err, 'msg') else err} (in {path})") from None
+    assert isinstance(cfg, RunConfig)
+    return cfg

@@ -1,0 +1,172 @@
+"""Typed configuration: one plain dataclass per Hydra group, composed into ``RunConfig``.
+
+YAML under ``configs/`` supplies values; these classes fix the names, types and defaults.
+Choice fields are ``str`` (OmegaConf has no ``Literal``); ``relax_hpc.config.validate``
+checks every choice and every cross-group rule with a message that names the field.
+Units are in the names (``mem_gb``, ``time_min``, ``grace_s``).
+
+Component code receives these dataclasses (or its own sub-config), never an OmegaConf
+object: nothing here imports Hydra or OmegaConf.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from relax_hpc.algo.config import AlgoConfig
+from relax_hpc.spool.config import SpoolConfig
+from relax_hpc.weightsync.config import WeightSyncConfig
+
+MISSING: Any = "???"  # OmegaConf's marker for a required value
+
+MODES = ("sync", "hybrid", "async")
+MODALITIES = ("text", "vision", "audio", "omni")
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+TRAINER_BACKENDS = ("torch", "megatron")
+ROLLOUT_BACKENDS = ("transformers", "sglang")
+DATA_KINDS = ("jsonl", "parquet", "synthetic_addition")
+CLUSTER_KINDS = ("local", "slurm", "auto")
+RESUME_CHOICES = ("auto", "never")
+
+
+@dataclass
+class ModelConfig:
+    """The policy model. Either a local Hugging Face folder (``path``) or built from ``arch``."""
+
+    name: str = MISSING
+    path: str | None = None  # local HF folder (config, weights, tokenizer); never downloaded
+    architecture: str = "Qwen3ForCausalLM"  # transformers class, used when building from arch
+    arch: dict[str, Any] = field(default_factory=dict)  # config kwargs when path is None
+    tokenizer: str = "auto"  # auto = from path | char = built-in offline tokenizer | a folder
+    modality: str = "text"  # text | vision | audio | omni
+    dtype: str = "auto"  # auto = float32 on CPU, bfloat16 on GPU
+    reference_path: str | None = None  # reference policy for KL; None = the initial policy
+    teacher_path: str | None = None  # teacher for on-policy distillation
+    critic_path: str | None = None  # critic init for PPO; None = policy weights + value head
+    # Supervised warm start on the synthetic task before RL (built-in models only); cached
+    # under $RELAX_HPC_CACHE_DIR (default ~/.cache/relax_hpc) so that it runs once.
+    warm_start: bool = False
+
+
+@dataclass
+class ParallelConfig:
+    """Trainer parallel layout; tensor x pipeline x context x data = trainer processes."""
+
+    tensor: int = 1
+    pipeline: int = 1
+    context: int = 1
+    expert: int = 1  # must divide data x context
+    data: int = -1  # -1 = derived from the trainer's processes
+
+
+@dataclass
+class TrainerConfig:
+    backend: str = "torch"  # torch (CPU or GPU, FSDP2) | megatron (GPU)
+    nodes: int = 1
+    gpus_per_node: int = 0  # 0 = CPU training
+    processes_per_node: int = 1  # CPU only; on GPU one process per GPU
+    cpus_per_task: int = 2
+    mem_gb: int = 8
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    total_steps: int = 100
+    lr: float = 1e-6
+    weight_decay: float = 0.0
+    warmup_steps: int = 0
+    grad_clip: float = 1.0
+    mini_batches_per_step: int = 1  # optimizer steps per batch of samples
+    epochs_per_step: int = 1  # passes over one step's samples
+    micro_batch_tokens: int = 16384  # token budget of one forward/backward
+    critic_lr: float = 1e-5
+    activation_checkpointing: bool = False
+    checkpoint_interval_steps: int = 50
+    checkpoint_keep: int = 2  # complete checkpoints kept; older ones are deleted
+    torch_threads: int = 1  # CPU: one thread per process is fastest for tiny models
+
+
+@dataclass
+class RolloutConfig:
+    backend: str = "transformers"  # transformers (CPU or one GPU) | sglang (GPU)
+    nodes: int = 1
+    gpus_per_node: int = 0
+    workers_per_node: int = 1  # CPU only; on GPU one engine per tensor-parallel group
+    engine_tensor_parallel: int = 1
+    cpus_per_task: int = 2
+    mem_gb: int = 8
+    prompts_per_step: int = 16  # prompts (groups) consumed by one training step
+    n_samples_per_prompt: int = 8  # completions per prompt = group size
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1  # -1 = off
+    max_new_tokens: int = 64
+    stop: list[str] = field(default_factory=list)
+    reward: str = "exact_match"  # a name in the reward registry, or module:function
+    reward_timeout_s: float = 10.0
+    max_turns: int = 1  # > 1 for multi-turn environments
+    environment: str = "single_turn"
+    engine_mem_fraction: float = 0.85  # sglang: static memory fraction of each GPU
+    eval_interval_steps: int = 10  # greedy held-out eval every N policy versions (0 = off)
+    torch_threads: int = 1
+
+
+@dataclass
+class DataConfig:
+    kind: str = "synthetic_addition"  # jsonl | parquet | synthetic_addition
+    path: str | None = None  # training prompts (jsonl/parquet)
+    eval_path: str | None = None  # held-out prompts
+    prompt_key: str = "prompt"
+    answer_key: str = "answer"
+    system_prompt: str | None = None
+    apply_chat_template: bool = True
+    shuffle: bool = True
+    max_prompt_tokens: int = 1024
+    eval_size: int = 256
+    digits: int = 2  # synthetic_addition: operand digits
+
+
+@dataclass
+class ClusterConfig:
+    kind: str = "auto"  # local | slurm | auto (= slurm when sinfo answers, else local)
+    partition: str | None = None
+    trainer_partition: str | None = None  # default: partition
+    rollout_partition: str | None = None  # default: partition
+    account: str | None = None
+    qos: str | None = None
+    time_min: int = 240
+    share_nodes: bool = False  # hybrid/async: split the same nodes' GPUs instead of a hetjob
+    signal_grace_s: int = 120  # advance warning before the time limit, for a final checkpoint
+    max_restarts: int = 3  # automatic requeues (crash, preemption) before a clear failure
+    setup: list[str] = field(default_factory=list)  # shell lines before the steps (modules, env)
+    python: str = "python"  # interpreter inside the job steps
+    extra_sbatch: dict[str, str] = field(default_factory=dict)  # additional #SBATCH --key=value
+
+
+@dataclass
+class ObserveConfig:
+    tensorboard: bool = True
+    log_interval_steps: int = 1
+    progress_bar: bool = True
+
+
+@dataclass
+class RunConfig:
+    """The whole run. ``experiment`` YAML files set ``name`` and the groups."""
+
+    name: str = MISSING
+    seed: int = 1
+    mode: str = "async"  # sync | hybrid | async
+    max_staleness: int = 1  # policy versions generation may run ahead (async >= 1)
+    output_root: str = "runs"
+    run_dir: str | None = None  # default: <output_root>/<name>-<timestamp>
+    resume: str = "auto"  # auto = continue from the latest complete checkpoint | never
+    dry_run: bool = False  # print the plan and the sbatch script; create and submit nothing
+    prepare_only: bool = False  # create the run directory and job.sbatch; submit by hand
+    model: ModelConfig = field(default_factory=ModelConfig)
+    algo: AlgoConfig = field(default_factory=AlgoConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
+    spool: SpoolConfig = field(default_factory=SpoolConfig)
+    weightsync: WeightSyncConfig = field(default_factory=WeightSyncConfig)
+    observe: ObserveConfig = field(default_factory=ObserveConfig)

@@ -1,0 +1,292 @@
+"""Cross-field and cross-group checks of a composed ``RunConfig``, before anything runs.
+
+Each rule raises ``ConfigError`` naming the field and the fix. Rules that look at the
+filesystem (paths that must exist) run only when the job is going to run, not when a
+script is merely rendered (``check_paths=False``).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from pathlib import Path
+
+from relax_hpc.config.errors import ConfigError
+from relax_hpc.config.schema import (
+    CLUSTER_KINDS,
+    DATA_KINDS,
+    DTYPES,
+    MODALITIES,
+    MODES,
+    RESUME_CHOICES,
+    ROLLOUT_BACKENDS,
+    TRAINER_BACKENDS,
+    RunConfig,
+    TrainerConfig,
+)
+
+
+def validate_run_config(cfg: RunConfig, check_paths: bool = False) -> None:
+    """Raise ``ConfigError`` for the first rule ``cfg`` breaks."""
+    _check_choices(cfg)
+    _check_positive(cfg)
+    _check_algo(cfg)
+    _validate_section("spool", cfg.spool)
+    _validate_section("weightsync", cfg.weightsync)
+    _check_mode(cfg)
+    _check_backends(cfg)
+    _check_trainer_layout(cfg.trainer)
+    _check_rollout_layout(cfg)
+    _check_batch_shape(cfg)
+    _check_cluster(cfg)
+    _check_data(cfg)
+    if check_paths:
+        check_paths_exist(cfg)
+
+
+def _choice(field: str, value: str, allowed: Iterable[str]) -> None:
+    allowed = tuple(allowed)
+    if value not in allowed:
+        raise ConfigError(field, f"{value!r} is not one of {', '.join(allowed)}")
+
+
+def _check_choices(cfg: RunConfig) -> None:
+    _choice("mode", cfg.mode, MODES)
+    _choice("resume", cfg.resume, RESUME_CHOICES)
+    _choice("model.modality", cfg.model.modality, MODALITIES)
+    _choice("model.dtype", cfg.model.dtype, DTYPES)
+    _choice("trainer.backend", cfg.trainer.backend, TRAINER_BACKENDS)
+    _choice("rollout.backend", cfg.rollout.backend, ROLLOUT_BACKENDS)
+    _choice("data.kind", cfg.data.kind, DATA_KINDS)
+    _choice("cluster.kind", cfg.cluster.kind, CLUSTER_KINDS)
+
+
+def _check_positive(cfg: RunConfig) -> None:
+    """Counts that must be at least 1 (GPU counts may be 0 = CPU)."""
+    fields = {
+        "trainer.nodes": cfg.trainer.nodes,
+        "trainer.processes_per_node": cfg.trainer.processes_per_node,
+        "trainer.cpus_per_task": cfg.trainer.cpus_per_task,
+        "trainer.total_steps": cfg.trainer.total_steps,
+        "trainer.mini_batches_per_step": cfg.trainer.mini_batches_per_step,
+        "trainer.epochs_per_step": cfg.trainer.epochs_per_step,
+        "trainer.micro_batch_tokens": cfg.trainer.micro_batch_tokens,
+        "trainer.checkpoint_interval_steps": cfg.trainer.checkpoint_interval_steps,
+        "trainer.checkpoint_keep": cfg.trainer.checkpoint_keep,
+        "rollout.nodes": cfg.rollout.nodes,
+        "rollout.workers_per_node": cfg.rollout.workers_per_node,
+        "rollout.engine_tensor_parallel": cfg.rollout.engine_tensor_parallel,
+        "rollout.prompts_per_step": cfg.rollout.prompts_per_step,
+        "rollout.n_samples_per_prompt": cfg.rollout.n_samples_per_prompt,
+        "rollout.max_new_tokens": cfg.rollout.max_new_tokens,
+        "rollout.max_turns": cfg.rollout.max_turns,
+        "cluster.time_min": cfg.cluster.time_min,
+    }
+    for name, value in fields.items():
+        if value < 1:
+            raise ConfigError(name, f"must be >= 1, got {value}")
+    for name, value in {
+        "trainer.gpus_per_node": cfg.trainer.gpus_per_node,
+        "rollout.gpus_per_node": cfg.rollout.gpus_per_node,
+        "max_staleness": cfg.max_staleness,
+        "cluster.max_restarts": cfg.cluster.max_restarts,
+        "cluster.signal_grace_s": cfg.cluster.signal_grace_s,
+    }.items():
+        if value < 0:
+            raise ConfigError(name, f"must be >= 0, got {value}")
+
+
+def _validate_section(prefix: str, section) -> None:
+    """Run a component config's own ``validate``; its messages name ``<prefix>.<field>``."""
+    try:
+        section.validate()
+    except ValueError as err:
+        match = re.search(rf"{prefix}\.\w+", str(err))
+        raise ConfigError(match.group(0) if match else prefix, str(err)) from None
+
+
+def _check_algo(cfg: RunConfig) -> None:
+    _validate_section("algo", cfg.algo)
+    if cfg.algo.is_group_based() and cfg.rollout.n_samples_per_prompt < 2:
+        raise ConfigError(
+            "rollout.n_samples_per_prompt",
+            f"algo {cfg.algo.name!r} normalises within a group of completions and needs "
+            f">= 2 per prompt, got {cfg.rollout.n_samples_per_prompt}",
+        )
+    if cfg.algo.opd_coef > 0 and not cfg.model.teacher_path:
+        raise ConfigError(
+            "model.teacher_path",
+            f"algo {cfg.algo.name!r} distils from a teacher (algo.opd_coef > 0); "
+            "set model.teacher_path",
+        )
+
+
+def _check_mode(cfg: RunConfig) -> None:
+    if cfg.mode == "sync" and cfg.max_staleness != 0:
+        raise ConfigError(
+            "max_staleness",
+            f"mode=sync is strictly on-policy; set max_staleness=0 (got {cfg.max_staleness}) "
+            "or use mode=async",
+        )
+    if cfg.mode == "hybrid" and cfg.max_staleness != 0:
+        raise ConfigError(
+            "max_staleness",
+            f"mode=hybrid is on-policy; set max_staleness=0 (got {cfg.max_staleness}) "
+            "or use mode=async",
+        )
+    if cfg.mode == "async" and cfg.max_staleness < 1:
+        raise ConfigError(
+            "max_staleness",
+            "mode=async lets generation run ahead; set max_staleness >= 1 or use mode=hybrid",
+        )
+    if cfg.mode == "sync":
+        same = (cfg.rollout.nodes, cfg.rollout.gpus_per_node) == (
+            cfg.trainer.nodes,
+            cfg.trainer.gpus_per_node,
+        )
+        if not same:
+            raise ConfigError(
+                "rollout.nodes",
+                "mode=sync time-shares the trainer's devices; set rollout.nodes and "
+                "rollout.gpus_per_node equal to trainer.nodes and trainer.gpus_per_node",
+            )
+
+
+def _check_backends(cfg: RunConfig) -> None:
+    if cfg.trainer.backend == "megatron" and cfg.trainer.gpus_per_node == 0:
+        raise ConfigError(
+            "trainer.backend", "megatron needs GPUs; set trainer.gpus_per_node or backend=torch"
+        )
+    if cfg.rollout.backend == "sglang" and cfg.rollout.gpus_per_node == 0:
+        raise ConfigError(
+            "rollout.backend",
+            "sglang needs GPUs; set rollout.gpus_per_node or backend=transformers",
+        )
+    layout = cfg.trainer.parallel
+    if cfg.trainer.backend == "torch" and (layout.tensor, layout.pipeline) != (1, 1):
+        raise ConfigError(
+            "trainer.parallel.tensor",
+            "the torch backend is data parallel only (FSDP2); use trainer.backend=megatron "
+            "for tensor/pipeline parallelism",
+        )
+
+
+def trainer_world_size(trainer: TrainerConfig) -> int:
+    """Trainer processes: one per GPU, or ``processes_per_node`` on CPU nodes."""
+    per_node = trainer.gpus_per_node or trainer.processes_per_node
+    return trainer.nodes * per_node
+
+
+def data_parallel_size(trainer: TrainerConfig) -> int:
+    """The data-parallel size implied by the layout (call after ``validate_run_config``)."""
+    layout = trainer.parallel
+    if layout.data > 0:
+        return layout.data
+    return trainer_world_size(trainer) // (layout.tensor * layout.pipeline * layout.context)
+
+
+def _check_trainer_layout(trainer: TrainerConfig) -> None:
+    layout = trainer.parallel
+    for name in ("tensor", "pipeline", "context", "expert"):
+        if getattr(layout, name) < 1:
+            raise ConfigError(f"trainer.parallel.{name}", "must be >= 1")
+    world = trainer_world_size(trainer)
+    model_parallel = layout.tensor * layout.pipeline * layout.context
+    processes = "GPUs" if trainer.gpus_per_node else "processes"
+    if layout.data > 0 and model_parallel * layout.data != world:
+        raise ConfigError(
+            "trainer.parallel.data",
+            f"tensor x pipeline x context x data = {model_parallel * layout.data} but the "
+            f"trainer has {world} {processes} (nodes x per node); make them equal",
+        )
+    if world % model_parallel:
+        raise ConfigError(
+            "trainer.parallel.tensor",
+            f"tensor x pipeline x context = {model_parallel} does not divide the trainer's "
+            f"{world} {processes}",
+        )
+    data = data_parallel_size(trainer)
+    if (data * layout.context) % layout.expert:
+        raise ConfigError(
+            "trainer.parallel.expert",
+            f"expert parallel {layout.expert} must divide data x context = {data * layout.context}",
+        )
+
+
+def _check_rollout_layout(cfg: RunConfig) -> None:
+    rollout = cfg.rollout
+    if rollout.gpus_per_node and rollout.gpus_per_node % rollout.engine_tensor_parallel:
+        raise ConfigError(
+            "rollout.engine_tensor_parallel",
+            f"{rollout.gpus_per_node} rollout GPUs per node are not divisible by the engine's "
+            f"tensor-parallel size {rollout.engine_tensor_parallel}",
+        )
+    if not rollout.gpus_per_node and rollout.engine_tensor_parallel != 1:
+        raise ConfigError(
+            "rollout.engine_tensor_parallel", "CPU rollout engines run unsharded; set it to 1"
+        )
+
+
+def _check_batch_shape(cfg: RunConfig) -> None:
+    samples = cfg.rollout.prompts_per_step * cfg.rollout.n_samples_per_prompt
+    data = data_parallel_size(cfg.trainer)
+    per_update = data * cfg.trainer.mini_batches_per_step
+    if samples % per_update:
+        raise ConfigError(
+            "rollout.prompts_per_step",
+            f"a step's {samples} samples (prompts_per_step x n_samples_per_prompt) do not split "
+            f"evenly into {cfg.trainer.mini_batches_per_step} mini-batches x {data} "
+            "data-parallel ranks; change prompts_per_step or trainer.mini_batches_per_step",
+        )
+
+
+def _check_cluster(cfg: RunConfig) -> None:
+    cluster = cfg.cluster
+    if cluster.signal_grace_s >= cluster.time_min * 60:
+        raise ConfigError(
+            "cluster.signal_grace_s",
+            f"{cluster.signal_grace_s} s of warning does not fit in a {cluster.time_min} min "
+            "time limit; lower it or raise cluster.time_min",
+        )
+    if cfg.mode != "sync" and cluster.share_nodes and cfg.trainer.nodes != cfg.rollout.nodes:
+        raise ConfigError(
+            "cluster.share_nodes",
+            "sharing nodes needs trainer.nodes == rollout.nodes; give the roles the same "
+            "node count or set share_nodes=false for a heterogeneous job",
+        )
+    for key in cluster.extra_sbatch:
+        if key.startswith("-") or "=" in key or not key:
+            raise ConfigError(
+                f"cluster.extra_sbatch.{key}",
+                "use the bare option name as the key, e.g. {constraint: a100}",
+            )
+
+
+def _check_data(cfg: RunConfig) -> None:
+    if cfg.data.kind in ("jsonl", "parquet") and not cfg.data.path:
+        raise ConfigError("data.path", f"data.kind={cfg.data.kind} needs a path to the prompts")
+    if cfg.model.path is None and not cfg.model.arch:
+        raise ConfigError(
+            "model.path", "set a local Hugging Face folder, or model.arch to build from a config"
+        )
+    if cfg.model.path is None and cfg.model.tokenizer == "auto":
+        raise ConfigError(
+            "model.tokenizer", "a model built from model.arch needs tokenizer=char or a folder"
+        )
+
+
+def check_paths_exist(cfg: RunConfig) -> None:
+    """Paths the run will read must exist (checked when running, not when rendering)."""
+    candidates = {
+        "model.path": cfg.model.path,
+        "model.reference_path": cfg.model.reference_path,
+        "model.teacher_path": cfg.model.teacher_path,
+        "model.critic_path": cfg.model.critic_path,
+        "data.path": cfg.data.path,
+        "data.eval_path": cfg.data.eval_path,
+    }
+    if cfg.model.tokenizer not in ("auto", "char"):
+        candidates["model.tokenizer"] = cfg.model.tokenizer
+    for name, value in candidates.items():
+        if value and not Path(value).expanduser().exists():
+            raise ConfigError(name, f"{value} does not exist; fix the path or override {name}=")

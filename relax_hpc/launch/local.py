@@ -1,0 +1,170 @@
+"""Run a job plan as local processes: the same entry point and roles a Slurm step runs.
+
+The supervisor mirrors the sbatch script: one process per task, output to the same
+per-task log files, Ctrl-C / SIGTERM forwarded so that the trainer checkpoints, the other
+role stopped once one role ends, and a bounded number of automatic restarts when the
+trainer crashed (exit codes: 0 done, 2 config error, 75 checkpointed on request).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from relax_hpc.launch.plan import JobPlan, RolePlan
+from relax_hpc.paths import RunPaths
+from relax_hpc.runtime import LOCAL_PREFIX
+
+EXIT_CONFIG_ERROR = 2
+TAIL_LINES = 20
+
+
+@dataclass
+class Task:
+    role: str
+    rank: int
+    process: subprocess.Popen
+
+    @property
+    def exit_code(self) -> int | None:
+        return self.process.poll()
+
+
+def tail(path: os.PathLike, lines: int = TAIL_LINES) -> str:
+    try:
+        with open(path, encoding="utf-8", errors="replace") as handle:
+            return "".join(handle.readlines()[-lines:])
+    except OSError:
+        return "(no log)"
+
+
+class LocalExecutor:
+    def __init__(
+        self,
+        plan: JobPlan,
+        paths: RunPaths,
+        base_env: Mapping[str, str] | None = None,
+        poll_s: float = 0.2,
+        stop_timeout_s: float = 120.0,
+    ) -> None:
+        self.plan = plan
+        self.paths = paths
+        self.base_env = dict(os.environ if base_env is None else base_env)
+        self.poll_s = poll_s
+        self.stop_timeout_s = stop_timeout_s
+        self.tasks: list[Task] = []
+        self.interrupted: str | None = None
+
+    # --- public --------------------------------------------------------------------------------
+    def run(self) -> int:
+        """Run until the trainer finishes; restart after a crash up to ``max_restarts``."""
+        self._install_signal_forwarding()
+        for restart_count in range(self.plan.max_restarts + 1):
+            trainer_rc = self._run_once(restart_count)
+            if trainer_rc in (0, EXIT_CONFIG_ERROR) or self.interrupted:
+                return trainer_rc
+            print(
+                f"relax_hpc: trainer exited with {trainer_rc}; restart {restart_count + 1} of "
+                f"{self.plan.max_restarts} from the last complete checkpoint",
+                file=sys.stderr,
+            )
+        print(f"relax_hpc: giving up after {self.plan.max_restarts} restarts", file=sys.stderr)
+        return 1
+
+    # --- one attempt ---------------------------------------------------------------------------
+    def _run_once(self, restart_count: int) -> int:
+        self.tasks = [
+            self._start(role, rank, restart_count)
+            for role in self.plan.roles
+            for rank in range(role.num_tasks)
+        ]
+        first = self._wait_for_first_exit()
+        if first.exit_code not in (0, 75) and not self.interrupted:
+            self._report_crash(first)
+        self._stop_all(signal.SIGTERM)
+        return self._exit_code_of("trainer")
+
+    def _start(self, role: RolePlan, rank: int, restart_count: int) -> Task:
+        env = dict(self.base_env)
+        env.update(
+            {
+                f"{LOCAL_PREFIX}RANK": str(rank),
+                f"{LOCAL_PREFIX}WORLD_SIZE": str(role.num_tasks),
+                f"{LOCAL_PREFIX}LOCAL_RANK": str(rank),
+                f"{LOCAL_PREFIX}JOB_ID": f"local-{os.getpid()}",
+                f"{LOCAL_PREFIX}RESTART_COUNT": str(restart_count),
+                "PYTHONUNBUFFERED": "1",
+            }
+        )
+        log_path = self.paths.task_log(role.role, rank)
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(log_path, "ab") as log:
+            # Own session: a terminal's Ctrl-C reaches only this supervisor, which then
+            # asks every task to stop cleanly (the trainer checkpoints first).
+            process = subprocess.Popen(
+                list(role.command),
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+        return Task(role.role, rank, process)
+
+    def _wait_for_first_exit(self) -> Task:
+        while True:
+            for task in self.tasks:
+                if task.exit_code is not None:
+                    return task
+            time.sleep(self.poll_s)
+
+    def _stop_all(self, signum: int) -> None:
+        """Ask every task to stop, wait for a clean exit, then kill what is left."""
+        self._signal_running(signum)
+        deadline = time.monotonic() + self.stop_timeout_s
+        while any(t.exit_code is None for t in self.tasks) and time.monotonic() < deadline:
+            time.sleep(self.poll_s)
+        for task in self.tasks:
+            if task.exit_code is None:
+                print(
+                    f"relax_hpc: {task.role}[{task.rank}] did not stop; killing it", file=sys.stderr
+                )
+                os.killpg(task.process.pid, signal.SIGKILL)
+                task.process.wait()
+
+    def _signal_running(self, signum: int) -> None:
+        for task in self.tasks:
+            if task.exit_code is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(task.process.pid, signum)
+
+    def _exit_code_of(self, role: str) -> int:
+        codes = [t.exit_code for t in self.tasks if t.role == role]
+        failing = [code for code in codes if code]
+        return failing[0] if failing else 0
+
+    def _report_crash(self, task: Task) -> None:
+        log_path = self.paths.task_log(task.role, task.rank)
+        print(
+            f"relax_hpc: {task.role}[{task.rank}] exited with {task.exit_code}; last lines of "
+            f"{log_path}:\n{tail(log_path)}",
+            file=sys.stderr,
+        )
+
+    # --- signals -------------------------------------------------------------------------------
+    def _install_signal_forwarding(self) -> None:
+        for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1):
+            signal.signal(signum, self._forward)
+
+    def _forward(self, signum: int, _frame) -> None:
+        self.interrupted = signal.Signals(signum).name
+        print(
+            f"relax_hpc: got {self.interrupted}; asking every task to stop cleanly", file=sys.stderr
+        )
+        self._signal_running(signal.SIGTERM if signum == signal.SIGINT else signum)

@@ -1,0 +1,209 @@
+"""Render a ``JobPlan`` as the sbatch script that is submitted (and printed by ``dry_run``).
+
+The script is meant to be read by the people who debug jobs with ``squeue``/``sacct``, so
+it is commented and flat: header options, environment, one ``srun`` per role, and a small
+supervisor that forwards signals, stops the other steps when one ends, and decides
+whether to requeue. The text is pinned by the golden files in ``sbatch/``.
+"""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import replace
+
+from relax_hpc.launch.plan import REQUEUE_EXIT_CODE, JobPlan, RolePlan
+from relax_hpc.paths import BATCH_LOG_NAME, task_log_name
+
+ADVANCE_SIGNAL = "USR1"  # Slurm's warning before the time limit: checkpoint and requeue
+
+
+def format_time(minutes: int) -> str:
+    """Slurm's D-HH:MM:SS, e.g. 1-00:00:00 for a day."""
+    days, rest = divmod(minutes, 24 * 60)
+    hours, mins = divmod(rest, 60)
+    return f"{days}-{hours:02d}:{mins:02d}:00" if days else f"{hours:02d}:{mins:02d}:00"
+
+
+def render_sbatch(plan: JobPlan) -> str:
+    lines = ["#!/bin/bash"]
+    lines += _preamble(plan)
+    if plan.shape == "hetjob":
+        lines += _hetjob_header(plan)
+    else:
+        lines += _single_header(plan)
+    lines += _body(plan)
+    return "\n".join(lines) + "\n"
+
+
+def _preamble(plan: JobPlan) -> list[str]:
+    shape = (
+        "heterogeneous job: component 0 = trainer, component 1 = rollout, each on nodes of its own"
+        if plan.shape == "hetjob"
+        else "one allocation shared by both roles, one job step per role"
+    )
+    return [
+        f"# relax_hpc job {plan.name!r} (mode={plan.mode}), rendered from its job plan.",
+        f"# Shape: {shape}.",
+        f"# Run directory: {plan.run_dir} (holds config.yaml; every step reads only that file).",
+        "# Submit: python -m relax_hpc.submit, or by hand with `sbatch <this file>` once the run",
+        "# directory exists. Logs: logs/ in the run directory; watch with squeue, sacct and",
+        "# python -m relax_hpc.status <run directory>.",
+    ]
+
+
+def _job_options(plan: JobPlan) -> list[str]:
+    """Options of the whole job; in a hetjob they go before the first ``hetjob`` line."""
+    return [
+        f"#SBATCH --job-name=relax-{plan.name}",
+        f"#SBATCH --output={plan.run_dir}/{BATCH_LOG_NAME}",
+        "#SBATCH --open-mode=append",
+        "#SBATCH --requeue",
+        f"#SBATCH --signal=B:{ADVANCE_SIGNAL}@{plan.signal_grace_s}",
+    ]
+
+
+def _resource_options(
+    plan: JobPlan, role: RolePlan, tasks: int, gpus: int, mem_gb: int
+) -> list[str]:
+    lines = [f"#SBATCH --time={format_time(plan.time_min)}"]
+    for key, value in (("partition", role.partition), ("account", plan.account), ("qos", plan.qos)):
+        if value:
+            lines.append(f"#SBATCH --{key}={value}")
+    lines += [
+        f"#SBATCH --nodes={role.nodes}",
+        f"#SBATCH --ntasks-per-node={tasks}",
+        f"#SBATCH --cpus-per-task={role.cpus_per_task}",
+        f"#SBATCH --mem={mem_gb}G",
+    ]
+    if gpus:
+        lines.append(f"#SBATCH --gpus-per-node={gpus}")
+    lines += [f"#SBATCH --{key}={value}" for key, value in plan.extra_sbatch]
+    return lines
+
+
+def _role_comment(role: RolePlan) -> str:
+    devices = f"{role.gpus_per_node} GPU(s)" if role.gpus_per_node else "CPU"
+    return (
+        f"# {role.role}: {role.backend}, {role.nodes} node(s) x {devices}, "
+        f"{role.tasks_per_node} task(s) per node; {role.layout}"
+    )
+
+
+def _hetjob_header(plan: JobPlan) -> list[str]:
+    lines: list[str] = []
+    for index, role in enumerate(plan.roles):
+        if index:
+            lines.append("#SBATCH hetjob")
+        lines.append(f"# --- component {index}: {_role_comment(role)[2:]}")
+        if index == 0:
+            lines += _job_options(plan)
+        lines += _resource_options(plan, role, role.tasks_per_node, role.gpus_per_node, role.mem_gb)
+    return lines
+
+
+def _single_header(plan: JobPlan) -> list[str]:
+    trainer, rollout = plan.role("trainer"), plan.role("rollout")
+    shared = plan.mode == "sync"
+    gpus = trainer.gpus_per_node if shared else trainer.gpus_per_node + rollout.gpus_per_node
+    tasks = trainer.tasks_per_node + (0 if shared else rollout.tasks_per_node)
+    # sync steps overlap on the same CPUs; split steps need disjoint CPUs.
+    cpu_demands = [r.tasks_per_node * r.cpus_per_task for r in plan.roles]
+    cpus_per_node = max(cpu_demands) if shared else sum(cpu_demands)
+    lines = ["# --- " + _role_comment(r)[2:] for r in plan.roles]
+    if shared:
+        lines.append("# sync mode: both steps time-share the same devices (srun --overlap)")
+    lines += _job_options(plan)
+    allocation = replace(trainer, cpus_per_task=-(-cpus_per_node // tasks))
+    lines += _resource_options(plan, allocation, tasks, gpus, trainer.mem_gb + rollout.mem_gb)
+    return lines
+
+
+def _srun_line(plan: JobPlan, index: int, role: RolePlan) -> str:
+    args = ["srun"]
+    if plan.shape == "hetjob":
+        args.append(f"--het-group={index}")
+    args += [
+        f"--nodes={role.nodes}",
+        f"--ntasks-per-node={role.tasks_per_node}",
+        f"--cpus-per-task={role.cpus_per_task}",
+    ]
+    if role.gpus_per_node:
+        args.append(f"--gpus-per-node={role.gpus_per_node}")
+    if plan.shape == "single":
+        args.append("--overlap" if role.overlap else "--exact")
+    args += [
+        "--kill-on-bad-exit=1",
+        f"--output={plan.run_dir}/{task_log_name(role.role, '%t')}",
+        "--open-mode=append",
+    ]
+    return " ".join(args + [shlex.quote(part) for part in role.command]) + " &"
+
+
+_SUPERVISOR = """\
+restarts=${{SLURM_RESTART_COUNT:-0}}
+echo "relax_hpc: job ${{SLURM_JOB_ID}} start $((restarts + 1)) on $(hostname) at $(date -Is)"
+if [ "$restarts" -gt {max_restarts} ]; then
+  echo "relax_hpc: restarted $restarts times, more than cluster.max_restarts={max_restarts}; giving up" >&2
+  exit 1
+fi
+
+step_pids=()
+step_roles=()
+# Slurm's advance warning ({signal}, the B: in --signal) and preemption's TERM reach this
+# shell; each step's processes react to it (checkpoint at the next step boundary).
+forward_signal() {{
+  echo "relax_hpc: got SIG$1, forwarding to the job steps" >&2
+  kill -s "$1" "${{step_pids[@]}}" 2>/dev/null || true
+}}
+trap 'forward_signal {signal}' {signal}
+trap 'forward_signal TERM' TERM
+"""
+
+_WAIT_AND_DECIDE = """\
+# When one step ends, the others have nothing left to do: ask them to stop cleanly.
+all_alive() {{ for pid in "${{step_pids[@]}}"; do kill -0 "$pid" 2>/dev/null || return 1; done; }}
+while all_alive; do sleep 5 & wait $! || true; done
+kill -TERM "${{step_pids[@]}}" 2>/dev/null || true
+
+trainer_rc=0
+for i in "${{!step_pids[@]}}"; do
+  while kill -0 "${{step_pids[$i]}}" 2>/dev/null; do wait "${{step_pids[$i]}}" || true; done
+  wait "${{step_pids[$i]}}"; rc=$?
+  echo "relax_hpc: ${{step_roles[$i]}} step exited with $rc"
+  if [ "${{step_roles[$i]}}" = trainer ]; then trainer_rc=$rc; fi
+done
+
+# 0: training finished. 2: a configuration error, which a restart cannot fix.
+# {requeue_rc}: checkpointed on a signal or cancel request. Anything else: a crash; resume
+# from the last complete checkpoint. Restarts are bounded by cluster.max_restarts.
+case "$trainer_rc" in
+  0|2) exit "$trainer_rc" ;;
+esac
+if [ "$restarts" -ge {max_restarts} ]; then
+  echo "relax_hpc: trainer exited with $trainer_rc after $restarts restarts; not requeueing" >&2
+  exit 1
+fi
+echo "relax_hpc: requeueing job ${{SLURM_JOB_ID}} (trainer exit $trainer_rc)"
+scontrol requeue "$SLURM_JOB_ID" || exit 1
+exit 0
+"""
+
+
+def _body(plan: JobPlan) -> list[str]:
+    lines = ["", "set -uo pipefail", f"export RELAX_HPC_RUN_DIR={shlex.quote(plan.run_dir)}"]
+    lines.append("export PYTHONUNBUFFERED=1")
+    if plan.setup:
+        lines += ["", "# cluster.setup: environment lines from the config"]
+        lines += list(plan.setup)
+    lines += ["", _SUPERVISOR.format(signal=ADVANCE_SIGNAL, max_restarts=plan.max_restarts)]
+    for index, role in enumerate(plan.roles):
+        lines += [
+            f"# {role.role}: {' '.join(shlex.quote(p) for p in role.command)}",
+            _srun_line(plan, index, role),
+            f'step_pids+=("$!"); step_roles+=({role.role})',
+        ]
+    lines += [
+        "",
+        _WAIT_AND_DECIDE.format(requeue_rc=REQUEUE_EXIT_CODE, max_restarts=plan.max_restarts),
+    ]
+    return lines

@@ -1,0 +1,54 @@
+"""Who am I? The identity of one task of a job step, read from the launcher's variables.
+
+The only module that reads Slurm's (or the local executor's) environment. Slurm does not
+set ``SLURM_HET_JOB_OFFSET`` for heterogeneous jobs, so nothing here guesses a role from
+variables: the role is an argument of the entry point; this module gives rank, world
+size and the attempt (job id + restart count) the task belongs to.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+# Set by relax_hpc.launch.local for each task it starts.
+LOCAL_PREFIX = "RELAX_HPC_"
+
+
+@dataclass(frozen=True)
+class TaskIdentity:
+    rank: int  # rank within the role's step
+    world_size: int  # tasks in the role's step
+    local_rank: int  # rank on this node
+    job_id: str  # Slurm job id (the hetjob leader's) or "local-<pid of the executor>"
+    restart_count: int  # how many times the job was requeued / restarted before
+    launcher: str  # slurm | local | none
+
+    @property
+    def attempt(self) -> str:
+        """Distinguishes the processes of one (re)start from those of earlier ones."""
+        return f"{self.job_id}.{self.restart_count}"
+
+    @classmethod
+    def from_environ(cls, env: Mapping[str, str] | None = None) -> TaskIdentity:
+        env = os.environ if env is None else env
+        if f"{LOCAL_PREFIX}RANK" in env:
+            return cls(
+                rank=int(env[f"{LOCAL_PREFIX}RANK"]),
+                world_size=int(env[f"{LOCAL_PREFIX}WORLD_SIZE"]),
+                local_rank=int(env.get(f"{LOCAL_PREFIX}LOCAL_RANK", env[f"{LOCAL_PREFIX}RANK"])),
+                job_id=env.get(f"{LOCAL_PREFIX}JOB_ID", "local"),
+                restart_count=int(env.get(f"{LOCAL_PREFIX}RESTART_COUNT", "0")),
+                launcher="local",
+            )
+        if "SLURM_PROCID" in env and "SLURM_STEP_ID" in env:
+            return cls(
+                rank=int(env["SLURM_PROCID"]),
+                world_size=int(env.get("SLURM_STEP_NUM_TASKS", env.get("SLURM_NTASKS", "1"))),
+                local_rank=int(env.get("SLURM_LOCALID", "0")),
+                job_id=env["SLURM_JOB_ID"],
+                restart_count=int(env.get("SLURM_RESTART_COUNT", "0")),
+                launcher="slurm",
+            )
+        return cls(0, 1, 0, f"pid{os.getpid()}", 0, "none")

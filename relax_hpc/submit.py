@@ -1,0 +1,137 @@
+"""``python -m relax_hpc.submit +experiment=NAME [overrides]``: the user's front door.
+
+compose -> validate -> run directory -> resolved config -> job plan -> sbatch text -> launch.
+User errors (bad config, missing paths) print one line naming the field and exit with 2,
+without a traceback.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import replace
+from datetime import datetime
+from pathlib import Path
+
+from relax_hpc.config import (
+    ConfigError,
+    RunConfig,
+    load_run_config,
+    run_config_to_yaml,
+    validate_run_config,
+    write_resolved_config,
+)
+from relax_hpc.launch.cluster import resolve_cluster_kind
+from relax_hpc.launch.plan import JobPlan, build_job_plan, describe_plan
+from relax_hpc.launch.sbatch import render_sbatch
+from relax_hpc.paths import RunPaths, atomic_write_text
+
+USAGE = """\
+usage: python -m relax_hpc.submit +experiment=NAME [key=value ...]
+
+Composes configs/ with the experiment and overrides (Hydra syntax), validates the result,
+creates the run directory and launches the job (cluster=local|slurm|auto).
+
+  dry_run=true        print the job plan and the sbatch script; create and submit nothing
+  prepare_only=true   create the run directory with config.yaml and job.sbatch, then stop
+                      (submit it by hand: sbatch RUN_DIR/job.sbatch)
+  run_dir=PATH        use (or resume) this run directory
+  cluster=slurm       submit to Slurm; cluster=local runs the roles as local processes
+
+Experiments: see configs/experiment/. Exit codes: 0 ok, 2 configuration error.
+"""
+
+EXIT_CONFIG_ERROR = 2
+
+
+def choose_run_dir(cfg: RunConfig, now: datetime | None = None) -> Path:
+    if cfg.run_dir:
+        return Path(cfg.run_dir).expanduser().resolve()
+    stamp = (now or datetime.now()).strftime("%Y%m%d-%H%M%S")
+    return (Path(cfg.output_root).expanduser() / f"{cfg.name}-{stamp}").resolve()
+
+
+def prepare(overrides: list[str]) -> tuple[RunConfig, Path]:
+    """Compose and validate; a run directory that already has a config wins over overrides."""
+    from relax_hpc.config.compose import compose_run_config
+
+    cfg = compose_run_config(overrides)
+    run_dir = choose_run_dir(cfg)
+    paths = RunPaths(run_dir)
+    if paths.resolved_config.is_file():
+        stored = load_run_config(paths.resolved_config)
+        requested = replace(stored, dry_run=cfg.dry_run, prepare_only=cfg.prepare_only)
+        if run_config_to_yaml(requested) != run_config_to_yaml(cfg):
+            print(
+                f"relax_hpc: {run_dir} already holds a run; resuming it with its own "
+                "config.yaml (command-line overrides that differ are ignored)",
+                file=sys.stderr,
+            )
+        cfg = replace(
+            stored, dry_run=cfg.dry_run, prepare_only=cfg.prepare_only, run_dir=str(run_dir)
+        )
+    validate_run_config(cfg, check_paths=not cfg.dry_run)
+    return cfg, run_dir
+
+
+def write_run_directory(cfg: RunConfig, run_dir: Path, plan: JobPlan, script: str) -> RunPaths:
+    paths = RunPaths(run_dir).create()
+    if not paths.resolved_config.is_file():
+        stored = replace(cfg, run_dir=str(run_dir), dry_run=False, prepare_only=False)
+        write_resolved_config(stored, paths.resolved_config)
+    atomic_write_text(paths.job_plan, plan.to_json() + "\n")
+    atomic_write_text(paths.sbatch_script, script, mode=0o755)
+    return paths
+
+
+def launch(cfg: RunConfig, paths: RunPaths, plan: JobPlan, kind: str) -> int:
+    """Hand the plan to the executor of ``kind``."""
+    if kind == "local":
+        from relax_hpc.launch.local import LocalExecutor
+        from relax_hpc.launch.summary import print_summary
+
+        print(f"relax_hpc: running {plan.name} locally; logs in {paths.logs_dir}", file=sys.stderr)
+        exit_code = LocalExecutor(plan, paths).run()
+        print_summary(paths, exit_code)
+        return exit_code
+    print(
+        f"relax_hpc: run directory prepared at {paths.root} (config.yaml, job.sbatch).\n"
+        "relax_hpc: submission to Slurm is not part of this version yet; submit it by hand "
+        f"with: sbatch {paths.sbatch_script}",
+        file=sys.stderr,
+    )
+    return 3
+
+
+def run(argv: list[str]) -> int:
+    if any(arg in ("-h", "--help") for arg in argv):
+        print(USAGE, end="")
+        return 0
+    try:
+        cfg, run_dir = prepare(argv)
+    except ConfigError as err:
+        print(f"relax_hpc: config error: {err}", file=sys.stderr)
+        return EXIT_CONFIG_ERROR
+    kind, reason = resolve_cluster_kind(cfg.cluster.kind)
+    print(f"relax_hpc: {reason}", file=sys.stderr)
+    plan = build_job_plan(cfg, str(run_dir))
+    script = render_sbatch(plan)
+    if cfg.dry_run:
+        print(describe_plan(plan))
+        print(
+            f"---- sbatch script ({kind} would {'submit' if kind == 'slurm' else 'run'} this plan) ----"
+        )
+        print(script, end="")
+        return 0
+    paths = write_run_directory(cfg, run_dir, plan, script)
+    if cfg.prepare_only:
+        print(f"relax_hpc: prepared {paths.root}; submit with: sbatch {paths.sbatch_script}")
+        return 0
+    return launch(cfg, paths, plan, kind)
+
+
+def main() -> None:
+    sys.exit(run(sys.argv[1:]))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,80 @@
+"""The dependency rules of HOUSE_STYLE.md, checked on the source tree."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[2] / "relax_hpc"
+
+
+def imported_modules(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names.add(node.module)
+    return names
+
+
+def modules_under(folder: str) -> list[Path]:
+    return sorted((PACKAGE / folder).rglob("*.py")) if folder else sorted(PACKAGE.rglob("*.py"))
+
+
+def importers_of(prefix: str) -> list[str]:
+    found = []
+    for path in modules_under(""):
+        if any(name == prefix or name.startswith(prefix + ".") for name in imported_modules(path)):
+            found.append(str(path.relative_to(PACKAGE.parent)))
+    return found
+
+
+def test_trainer_and_rollout_never_import_each_other():
+    for path in modules_under("trainer"):
+        assert not any(n.startswith("relax_hpc.rollout") for n in imported_modules(path)), path
+    for path in modules_under("rollout"):
+        assert not any(n.startswith("relax_hpc.trainer") for n in imported_modules(path)), path
+
+
+@pytest.mark.parametrize(
+    ("library", "allowed"),
+    [
+        ("hydra", ("relax_hpc/submit.py", "relax_hpc/config/")),
+        ("omegaconf", ("relax_hpc/submit.py", "relax_hpc/config/")),
+        ("megatron", ("relax_hpc/trainer/",)),
+        ("sglang", ("relax_hpc/rollout/",)),
+    ],
+)
+def test_heavy_libraries_stay_in_their_corner(library, allowed):
+    outside = [p for p in importers_of(library) if not p.startswith(allowed)]
+    assert outside == [], f"{library} imported outside {allowed}: {outside}"
+
+
+def test_only_entry_points_import_launch_and_submit():
+    for target in ("relax_hpc.launch", "relax_hpc.submit"):
+        users = [
+            p
+            for p in importers_of(target)
+            if not p.startswith(
+                (
+                    "relax_hpc/launch/",
+                    "relax_hpc/submit.py",
+                    "relax_hpc/status.py",
+                    "relax_hpc/cancel.py",
+                )
+            )
+        ]
+        assert users == [], f"{target} imported by {users}"
+
+
+@pytest.mark.parametrize("leaf", ["algo", "paths.py"])
+def test_leaves_import_nothing_of_ours(leaf):
+    files = [PACKAGE / leaf] if leaf.endswith(".py") else modules_under(leaf)
+    for path in files:
+        ours = {n for n in imported_modules(path) if n.startswith("relax_hpc")}
+        foreign = {n for n in ours if not n.startswith(f"relax_hpc.{leaf.removesuffix('.py')}")}
+        assert not foreign, f"{path} imports {foreign}"

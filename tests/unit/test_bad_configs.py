@@ -1,0 +1,97 @@
+"""Each validation rule: a bad config exits with 2 and one line that names the field."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from relax_hpc import submit
+
+TINY = ["+experiment=grpo_tiny", "dry_run=true"]
+QWEN = ["+experiment=grpo_qwen3", "dry_run=true"]
+
+# (overrides, the field the message must name) - one case per rule.
+BAD_CONFIGS = [
+    pytest.param(TINY + ["trainer.lrr=1"], "trainer.lrr", id="unknown-key"),
+    pytest.param(["model.name=???"] + TINY, "model.name", id="missing-required-value"),
+    pytest.param(["dry_run=true"], "name", id="missing-experiment"),
+    pytest.param(
+        QWEN + ["trainer.parallel.data=2"], "trainer.parallel.data", id="parallel-product"
+    ),
+    pytest.param(
+        QWEN + ["trainer.parallel.tensor=3"], "trainer.parallel.tensor", id="tp-divides-gpus"
+    ),
+    pytest.param(
+        QWEN + ["rollout.engine_tensor_parallel=3"],
+        "rollout.engine_tensor_parallel",
+        id="rollout-tp",
+    ),
+    pytest.param(
+        TINY
+        + [
+            "rollout.prompts_per_step=3",
+            "rollout.n_samples_per_prompt=3",
+            "trainer.mini_batches_per_step=2",
+        ],
+        "rollout.prompts_per_step",
+        id="batch-split",
+    ),
+    pytest.param(
+        TINY + ["rollout.n_samples_per_prompt=1"], "rollout.n_samples_per_prompt", id="group-of-one"
+    ),
+    pytest.param(TINY + ["mode=sync", "max_staleness=1"], "max_staleness", id="sync-staleness"),
+    pytest.param(TINY + ["mode=async", "max_staleness=0"], "max_staleness", id="async-staleness"),
+    pytest.param(
+        TINY + ["algo.kl_loss_coef=0.1", "algo.kl_in_reward_coef=0.1"],
+        "algo.kl_loss_coef",
+        id="kl-twice",
+    ),
+    pytest.param(TINY + ["mode=bogus"], "mode", id="unknown-mode"),
+    pytest.param(TINY + ["rollout.backend=sglang"], "rollout.backend", id="sglang-on-cpu"),
+    pytest.param(TINY + ["trainer.seed=3"], "trainer.seed", id="key-in-wrong-group"),
+    pytest.param(
+        TINY + ["cluster.time_min=1", "cluster.signal_grace_s=60"],
+        "cluster.signal_grace_s",
+        id="grace-longer-than-limit",
+    ),
+    pytest.param(TINY + ["trainer.total_steps=abc"], "trainer.total_steps", id="wrong-type"),
+    pytest.param(TINY + ["algo=nonexistent"], "algo", id="unknown-algorithm"),
+]
+
+
+@pytest.mark.parametrize(("overrides", "field"), BAD_CONFIGS)
+def test_bad_config_exits_2_with_one_line_naming_the_field(overrides, field, capsys):
+    assert submit.run(overrides) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1, err
+    assert err[0].startswith("relax_hpc: config error: ")
+    assert field in err[0]
+
+
+def test_paths_that_do_not_exist_fail_when_running(tmp_path, capsys):
+    argv = ["+experiment=grpo_qwen3", f"model.path={tmp_path}/nope", f"run_dir={tmp_path}/run"]
+    assert submit.run(argv) == 2
+    assert "model.path" in capsys.readouterr().err
+    assert not (tmp_path / "run").exists()  # nothing is created for a config that fails
+
+
+def test_a_real_process_prints_no_traceback():
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "relax_hpc.submit",
+            "+experiment=grpo_tiny",
+            "mode=sync",
+            "max_staleness=2",
+            "dry_run=true",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 2
+    assert "Traceback" not in result.stderr
+    assert "max_staleness" in result.stderr

@@ -1,0 +1,132 @@
+"""Composition of every shipped experiment, and the typed-config contract."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from relax_hpc.config import (
+    ConfigError,
+    RunConfig,
+    load_run_config,
+    validate_run_config,
+    write_resolved_config,
+)
+from relax_hpc.config.compose import compose_run_config, default_config_dir
+from relax_hpc.launch.examples import experiment_names
+
+EXPERIMENTS = experiment_names()
+
+
+def test_the_shipped_experiments_are_there():
+    expected = {
+        "grpo_tiny",
+        "grpo_qwen3",
+        "grpo_qwen3_colocate",
+        "grpo_qwen3_vl",
+        "grpo_qwen3_omni",
+    }
+    assert expected <= set(EXPERIMENTS)
+
+
+@pytest.mark.parametrize("name", EXPERIMENTS)
+def test_every_experiment_composes_and_validates(name):
+    cfg = compose_run_config([f"+experiment={name}"])
+    assert isinstance(cfg, RunConfig)
+    assert cfg.name == name
+    validate_run_config(cfg, check_paths=False)
+
+
+@pytest.mark.parametrize(
+    "algo", sorted(p.stem for p in (default_config_dir() / "algo").glob("*.yaml"))
+)
+def test_every_algorithm_is_reachable_from_the_command_line(algo):
+    overrides = ["+experiment=grpo_tiny", f"algo={algo}"]
+    if algo == "opd":
+        overrides.append("model.teacher_path=teacher")
+    cfg = compose_run_config(overrides)
+    assert cfg.algo.name == algo
+    validate_run_config(cfg, check_paths=False)
+
+
+def test_grpo_qwen3_is_the_documented_recipe():
+    cfg = compose_run_config(["+experiment=grpo_qwen3"])
+    assert (cfg.algo.name, cfg.algo.clip_low, cfg.algo.clip_high) == ("grpo", 0.2, 0.28)
+    assert cfg.algo.tis_mode == "truncate"
+    assert (cfg.rollout.prompts_per_step, cfg.rollout.n_samples_per_prompt) == (32, 8)
+    assert cfg.rollout.max_new_tokens == 8192
+    assert (cfg.mode, cfg.max_staleness) == ("async", 1)
+    assert (cfg.trainer.gpus_per_node, cfg.trainer.parallel.tensor) == (8, 2)
+    assert (cfg.rollout.gpus_per_node, cfg.rollout.backend) == (8, "sglang")
+
+
+def test_overrides_reach_the_typed_config():
+    cfg = compose_run_config(["+experiment=grpo_tiny", "trainer.lr=0.5", "rollout.stop=[x,y]"])
+    assert cfg.trainer.lr == 0.5
+    assert cfg.rollout.stop == ["x", "y"]
+
+
+def test_without_an_experiment_the_name_is_required():
+    with pytest.raises(ConfigError) as err:
+        compose_run_config([])
+    assert err.value.field == "name"
+
+
+def test_resolved_config_round_trips(tmp_path: Path):
+    cfg = compose_run_config(["+experiment=grpo_qwen3", "seed=7"])
+    path = write_resolved_config(cfg, tmp_path / "config.yaml")
+    loaded = load_run_config(path)
+    assert loaded == cfg
+    assert "oc.env" not in path.read_text()  # interpolations are resolved once, at submit
+
+
+def test_resolved_config_with_an_unknown_key_is_rejected(tmp_path: Path):
+    cfg = compose_run_config(["+experiment=grpo_tiny"])
+    path = write_resolved_config(cfg, tmp_path / "config.yaml")
+    path.write_text(path.read_text().replace("seed: 1", "seed: 1\nsede: 2"))
+    with pytest.raises(ConfigError) as err:
+        load_run_config(path)
+    assert "sede" in str(err.value)
+
+
+def test_paths_are_checked_only_when_running(tmp_path: Path):
+    cfg = compose_run_config(["+experiment=grpo_qwen3", f"model.path={tmp_path}/absent"])
+    validate_run_config(cfg, check_paths=False)
+    with pytest.raises(ConfigError) as err:
+        validate_run_config(cfg, check_paths=True)
+    assert err.value.field == "model.path"
+    validate_run_config(
+        replace(cfg, model=replace(cfg.model, path=str(tmp_path))), check_paths=False
+    )
+
+
+def test_importing_the_config_package_does_not_import_hydra():
+    code = (
+        "import sys, relax_hpc.config as c; c.RunConfig();"
+        "assert 'hydra' not in sys.modules, sorted(m for m in sys.modules if 'hydra' in m)"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_prepare_only_writes_the_run_directory_and_submits_nothing(tmp_path, capsys):
+    from relax_hpc import submit
+    from relax_hpc.paths import RunPaths
+
+    run_dir = tmp_path / "run"
+    assert submit.run(["+experiment=grpo_tiny", f"run_dir={run_dir}", "prepare_only=true"]) == 0
+    paths = RunPaths(run_dir)
+    stored = load_run_config(paths.resolved_config)
+    assert stored.run_dir == str(run_dir) and not stored.prepare_only
+    assert paths.sbatch_script.read_text().startswith("#!/bin/bash")
+    assert "sbatch" in capsys.readouterr().out
+    # A second submission into the same directory resumes it with the stored config.
+    assert (
+        submit.run(["+experiment=grpo_tiny", f"run_dir={run_dir}", "seed=99", "prepare_only=true"])
+        == 0
+    )
+    assert load_run_config(paths.resolved_config).seed == stored.seed
+    assert "resuming it with its own config.yaml" in capsys.readouterr().err

@@ -1,0 +1,117 @@
+"""The local executor supervises real processes the way the sbatch script does."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import textwrap
+import threading
+import time
+
+from relax_hpc.launch.local import LocalExecutor
+from relax_hpc.launch.plan import JobPlan, RolePlan
+from relax_hpc.paths import RunPaths
+
+# A trainer that records its identity, then behaves as the file `behaviour` says.
+TRAINER = textwrap.dedent(
+    """
+    import os, pathlib, signal, sys, time
+    run = pathlib.Path(sys.argv[1])
+    restart = os.environ["RELAX_HPC_RESTART_COUNT"]
+    (run / f"trainer-start-{restart}").write_text(os.environ["RELAX_HPC_RANK"])
+    print("trainer log line for attempt", restart, flush=True)
+    behaviour = (run / "behaviour").read_text().split()
+    if behaviour[int(restart)] == "crash":
+        sys.exit(13)
+    if behaviour[int(restart)] == "wait-for-signal":
+        def stop(signum, frame):
+            (run / "trainer-checkpointed").write_text(signal.Signals(signum).name)
+            sys.exit(75)
+        signal.signal(signal.SIGTERM, stop)
+        (run / "trainer-ready").write_text("")
+        time.sleep(60)
+    sys.exit(0)
+    """
+)
+ROLLOUT = textwrap.dedent(
+    """
+    import pathlib, signal, sys, time
+    run = pathlib.Path(sys.argv[1])
+    def stop(signum, frame):
+        (run / "rollout-stopped").write_text("")
+        sys.exit(0)
+    signal.signal(signal.SIGTERM, stop)
+    time.sleep(60)
+    """
+)
+
+
+def make_plan(tmp_path, max_restarts: int = 2) -> JobPlan:
+    def role(name: str, source: str) -> RolePlan:
+        script = tmp_path / f"{name}.py"
+        script.write_text(source)
+        return RolePlan(
+            name, "test", 1, 1, 0, 1, 1, None, (sys.executable, str(script), str(tmp_path))
+        )
+
+    return JobPlan(
+        name="t",
+        run_dir=str(tmp_path),
+        shape="hetjob",
+        mode="async",
+        roles=(role("trainer", TRAINER), role("rollout", ROLLOUT)),
+        time_min=10,
+        account=None,
+        qos=None,
+        signal_grace_s=5,
+        max_restarts=max_restarts,
+    )
+
+
+def executor(tmp_path, behaviour: str, max_restarts: int = 2) -> LocalExecutor:
+    (tmp_path / "behaviour").write_text(behaviour)
+    return LocalExecutor(
+        make_plan(tmp_path, max_restarts), RunPaths(tmp_path), poll_s=0.05, stop_timeout_s=20
+    )
+
+
+def test_a_finished_trainer_stops_the_rollout_cleanly(tmp_path):
+    assert executor(tmp_path, "done").run() == 0
+    assert (tmp_path / "rollout-stopped").exists()
+    assert "attempt 0" in (tmp_path / "logs" / "trainer-0.log").read_text()
+
+
+def test_a_crashing_trainer_is_restarted_then_given_up(tmp_path, capsys):
+    assert executor(tmp_path, "crash crash done").run() == 0
+    assert {p.name for p in tmp_path.glob("trainer-start-*")} == {
+        "trainer-start-0",
+        "trainer-start-1",
+        "trainer-start-2",
+    }
+    err = capsys.readouterr().err
+    assert "trainer[0] exited with 13" in err and "trainer log line for attempt 0" in err
+
+    other = tmp_path / "other"
+    other.mkdir()
+    assert executor(other, "crash crash crash", max_restarts=1).run() == 1
+    assert "giving up after 1 restarts" in capsys.readouterr().err
+
+
+def test_an_interrupt_is_forwarded_and_the_trainer_checkpoints(tmp_path):
+    run = executor(tmp_path, "wait-for-signal")
+    previous = signal.getsignal(signal.SIGINT)
+
+    def interrupt_when_ready():
+        deadline = time.monotonic() + 60
+        while not (tmp_path / "trainer-ready").exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        os.kill(os.getpid(), signal.SIGINT)
+
+    threading.Thread(target=interrupt_when_ready, daemon=True).start()
+    try:
+        assert run.run() == 75
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert (tmp_path / "trainer-checkpointed").read_text() == "SIGTERM"
+    assert (tmp_path / "rollout-stopped").exists()
