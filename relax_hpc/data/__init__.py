@@ -1,0 +1,1 @@
+"""Prompt data: the synthetic addition task, file datasets, and the resumable sampler."""

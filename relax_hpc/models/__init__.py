@@ -1,0 +1,1 @@
+"""Model building blocks: the offline character tokenizer, model construction, the warm start."""

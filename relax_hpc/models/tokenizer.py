@@ -1,0 +1,64 @@
+"""The built-in offline character tokenizer (``model.tokenizer: char``).
+
+One token per printable ASCII character (plus newline and tab), and four special tokens.
+It is a real ``transformers.PreTrainedTokenizerFast`` over a ``tokenizers`` WordLevel model,
+so ``save_pretrained`` writes a folder that ``AutoTokenizer.from_pretrained`` loads back
+(an HF export of a tiny model is a normal HF folder). Encoding prepends ``<bos>``; decoding
+concatenates characters; characters outside the alphabet become ``<unk>``.
+
+Must not: download anything, or depend on a vocabulary file that is not built here.
+"""
+
+from __future__ import annotations
+
+import string
+
+from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors
+from transformers import PreTrainedTokenizerFast
+
+PAD_TOKEN = "<pad>"
+BOS_TOKEN = "<bos>"
+EOS_TOKEN = "<eos>"
+UNK_TOKEN = "<unk>"
+SPECIAL_TOKENS = (PAD_TOKEN, BOS_TOKEN, EOS_TOKEN, UNK_TOKEN)  # ids 0..3, in this order
+# Printable ASCII without the vertical whitespace that string.printable also carries.
+ALPHABET = "".join(c for c in string.printable if c not in "\r\x0b\x0c")
+
+# A minimal chat template so that datasets with ``apply_chat_template: true`` work too.
+CHAT_TEMPLATE = (
+    "{% for message in messages %}{{ message['role'] }}: {{ message['content'] }}\n{% endfor %}"
+    "{% if add_generation_prompt %}assistant: {% endif %}"
+)
+
+
+def char_vocab() -> dict[str, int]:
+    """Token -> id: the special tokens first, then the alphabet in ``string.printable`` order."""
+    tokens = [*SPECIAL_TOKENS, *ALPHABET]
+    return {token: index for index, token in enumerate(tokens)}
+
+
+def build_char_tokenizer(model_max_length: int = 2048) -> PreTrainedTokenizerFast:
+    """The character tokenizer; identical on every machine, no files needed."""
+    vocab = char_vocab()
+    backend = Tokenizer(models.WordLevel(vocab=vocab, unk_token=UNK_TOKEN))
+    # Every character is its own pre-token; special tokens are matched before this runs.
+    backend.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
+    backend.decoder = decoders.Fuse()
+    backend.post_processor = processors.TemplateProcessing(
+        single=f"{BOS_TOKEN} $A",
+        pair=f"{BOS_TOKEN} $A $B",
+        special_tokens=[(BOS_TOKEN, vocab[BOS_TOKEN])],
+    )
+    backend.add_special_tokens(list(SPECIAL_TOKENS))
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=backend,
+        pad_token=PAD_TOKEN,
+        bos_token=BOS_TOKEN,
+        eos_token=EOS_TOKEN,
+        unk_token=UNK_TOKEN,
+        model_max_length=model_max_length,
+        padding_side="left",
+        clean_up_tokenization_spaces=False,
+    )
+    tokenizer.chat_template = CHAT_TEMPLATE
+    return tokenizer

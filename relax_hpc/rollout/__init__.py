@@ -1,0 +1,1 @@
+"""Rollout: generation engines, rewards and the rollout loop (never imports the trainer)."""

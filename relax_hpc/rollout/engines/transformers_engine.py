@@ -1,0 +1,233 @@
+"""Generation with a transformers causal LM: batched, KV-cached, per-sample reproducible.
+
+Our own decoding loop over ``model(..., past_key_values=cache)`` rather than
+``model.generate``, because the random draws must belong to the sample, not to the batch:
+each request gets a CPU ``torch.Generator`` seeded by ``sample_seed(seed, sample_id)`` and
+draws exactly one uniform per generated token, which picks the token by inverse CDF over the
+(temperature-scaled, top-k/top-p-truncated) distribution in float64. A rerun of the same
+``sample_id`` therefore regenerates the same completion whatever the batch order or size
+(up to float round-off in the logits, which would have to land within ~1e-7 of a CDF
+boundary to change a token). Prompts are left-padded; finished rows leave the batch and the
+KV cache. Log-probs follow the convention in ``engines/base.py``: ``log_softmax(logits / T)``
+of the sampled token, before top-k/top-p.
+
+Must not: score completions, touch the spool, or import the trainer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+from transformers import DynamicCache, PreTrainedModel
+from transformers.tokenization_utils_base import PreTrainedTokenizerBase
+
+from relax_hpc.rollout.engines.base import (
+    Completion,
+    Engine,
+    GenerationRequest,
+    SamplingParams,
+    sample_seed,
+)
+
+
+class TransformersEngine(Engine):
+    def __init__(
+        self,
+        model: PreTrainedModel,
+        tokenizer: PreTrainedTokenizerBase,
+        policy_version: int = 0,
+        max_batch_size: int = 256,
+    ) -> None:
+        self.model = model.eval()
+        self.tokenizer = tokenizer
+        self.policy_version = policy_version
+        self.max_batch_size = max_batch_size
+        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+        self.stop_token_ids = _eos_ids(model, tokenizer)
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    def generate(
+        self, requests: Sequence[GenerationRequest], params: SamplingParams
+    ) -> list[Completion]:
+        completions: list[Completion] = []
+        for start in range(0, len(requests), self.max_batch_size):
+            completions += self._generate_batch(
+                requests[start : start + self.max_batch_size], params
+            )
+        return completions
+
+    def load_state_dict(
+        self,
+        named_tensors: Mapping[str, Tensor] | Iterable[tuple[str, Tensor]],
+        policy_version: int,
+    ) -> None:
+        items = named_tensors.items() if isinstance(named_tensors, Mapping) else named_tensors
+        targets = self.model.state_dict()  # shares storage with the parameters
+        with torch.no_grad():
+            for name, tensor in items:
+                if name not in targets:
+                    raise ValueError(f"weight {name!r} is not a parameter of the rollout model")
+                if targets[name].shape != tensor.shape:
+                    raise ValueError(
+                        f"weight {name!r}: shape {tuple(tensor.shape)} != "
+                        f"{tuple(targets[name].shape)} of the rollout model"
+                    )
+                targets[name].copy_(tensor)
+        self.policy_version = policy_version
+
+    @torch.no_grad()
+    def _generate_batch(
+        self, requests: Sequence[GenerationRequest], params: SamplingParams
+    ) -> list[Completion]:
+        if any(not r.prompt_ids for r in requests):
+            raise ValueError("every request needs at least one prompt token")
+        input_ids_BL, mask_BL = self._left_pad([r.prompt_ids for r in requests])
+        positions_BL = (mask_BL.cumsum(-1) - 1).clamp(min=0)
+        cache = DynamicCache()
+        logits_BV = self._forward(input_ids_BL, mask_BL, positions_BL, cache)
+        next_position_B = positions_BL[:, -1] + 1
+        generators = [
+            torch.Generator().manual_seed(sample_seed(params.seed, r.sample_id)) for r in requests
+        ]
+        tokens = [[] for _ in requests]
+        logprobs = [[] for _ in requests]
+        finished: dict[int, tuple[str, str | None]] = {}
+        active = list(range(len(requests)))  # request index of each batch row
+        for step in range(params.max_new_tokens):
+            uniforms_A = None
+            if not params.greedy:
+                draws = [
+                    torch.rand((), generator=generators[i], dtype=torch.float64) for i in active
+                ]
+                uniforms_A = torch.stack(draws).to(logits_BV.device)
+            token_A, logprob_A = pick_tokens(logits_BV, params, uniforms_A)
+            keep = []
+            for row, (i, token, logprob) in enumerate(
+                zip(active, token_A.tolist(), logprob_A.tolist(), strict=True)
+            ):
+                tokens[i].append(token)
+                logprobs[i].append(logprob)
+                reason = self._finish_reason(
+                    tokens[i], params, last_step=step == params.max_new_tokens - 1
+                )
+                if reason is None:
+                    keep.append(row)
+                else:
+                    finished[i] = reason
+            if not keep:
+                break
+            if len(keep) < len(active):
+                keep_t = torch.tensor(keep, device=mask_BL.device)
+                cache.batch_select_indices(keep_t)
+                mask_BL, next_position_B, token_A = (
+                    mask_BL[keep_t],
+                    next_position_B[keep_t],
+                    token_A[keep_t],
+                )
+                active = [active[row] for row in keep]
+            mask_BL = torch.cat([mask_BL, mask_BL.new_ones(len(active), 1)], dim=1)
+            logits_BV = self._forward(token_A[:, None], mask_BL, next_position_B[:, None], cache)
+            next_position_B = next_position_B + 1
+        return [
+            Completion(
+                sample_id=r.sample_id,
+                prompt_ids=list(r.prompt_ids),
+                token_ids=tokens[i],
+                logprobs=logprobs[i],
+                finish_reason=finished[i][0],
+                text=self.tokenizer.decode(tokens[i], skip_special_tokens=True),
+                policy_version=self.policy_version,
+                stop=finished[i][1],
+            )
+            for i, r in enumerate(requests)
+        ]
+
+    def _forward(
+        self, input_ids: Tensor, mask: Tensor, positions: Tensor, cache: DynamicCache
+    ) -> Tensor:
+        out = self.model(
+            input_ids=input_ids,
+            attention_mask=mask,
+            position_ids=positions,
+            past_key_values=cache,
+            use_cache=True,
+            logits_to_keep=1,
+        )
+        return out.logits[:, -1].float()
+
+    def _left_pad(self, prompts: Sequence[Sequence[int]]) -> tuple[Tensor, Tensor]:
+        length = max(len(p) for p in prompts)
+        ids_BL = torch.full((len(prompts), length), self.pad_id, dtype=torch.long)
+        mask_BL = torch.zeros((len(prompts), length), dtype=torch.long)
+        for row, prompt in enumerate(prompts):
+            ids_BL[row, length - len(prompt) :] = torch.tensor(prompt, dtype=torch.long)
+            mask_BL[row, length - len(prompt) :] = 1
+        return ids_BL.to(self.device), mask_BL.to(self.device)
+
+    def _finish_reason(
+        self, token_ids: list[int], params: SamplingParams, last_step: bool
+    ) -> tuple[str, str | None] | None:
+        if token_ids[-1] in self.stop_token_ids:
+            return "stop", None
+        if params.stop:
+            # Only a tail can hold a stop string that the newest token completed.
+            window = 2 * max(len(s) for s in params.stop) + 4
+            tail = self.tokenizer.decode(token_ids[-window:], skip_special_tokens=True)
+            for stop in params.stop:
+                if stop in tail:
+                    return "stop", stop
+        return ("length", None) if last_step else None
+
+
+def pick_tokens(
+    logits_BV: Tensor, params: SamplingParams, uniforms_B: Tensor | None
+) -> tuple[Tensor, Tensor]:
+    """Next token per row and its log-prob (module convention); ``uniforms_B`` in [0, 1)."""
+    if params.greedy:
+        token_B = logits_BV.argmax(dim=-1)
+        return token_B, _gather(F.log_softmax(logits_BV, dim=-1), token_B)
+    assert uniforms_B is not None
+    scaled_BV = logits_BV / params.temperature
+    truncated_BV = top_k_top_p_filter(scaled_BV, params.top_k, params.top_p)
+    token_B = inverse_cdf_sample(truncated_BV, uniforms_B)
+    return token_B, _gather(F.log_softmax(scaled_BV, dim=-1), token_B)
+
+
+def top_k_top_p_filter(logits_BV: Tensor, top_k: int, top_p: float) -> Tensor:
+    """Logits outside the top-k, or outside the smallest top-p mass, set to -inf."""
+    if top_k != -1 and top_k < logits_BV.shape[-1]:
+        kth_B1 = torch.topk(logits_BV, top_k, dim=-1).values[:, -1:]
+        logits_BV = logits_BV.masked_fill(logits_BV < kth_B1, float("-inf"))
+    if top_p < 1.0:
+        sorted_BV, order_BV = torch.sort(logits_BV, dim=-1, descending=True)
+        probs_BV = torch.softmax(sorted_BV.double(), dim=-1)
+        mass_before_BV = probs_BV.cumsum(dim=-1) - probs_BV
+        drop_sorted_BV = mass_before_BV >= top_p  # the first token always stays
+        drop_BV = drop_sorted_BV.scatter(-1, order_BV, drop_sorted_BV)
+        logits_BV = logits_BV.masked_fill(drop_BV, float("-inf"))
+    return logits_BV
+
+
+def inverse_cdf_sample(logits_BV: Tensor, uniforms_B: Tensor) -> Tensor:
+    """The token whose CDF interval holds ``u``; float64, so zero-mass tokens are never hit."""
+    cdf_BV = torch.softmax(logits_BV.double(), dim=-1).cumsum(dim=-1)
+    targets_B1 = (uniforms_B.double() * cdf_BV[:, -1]).unsqueeze(-1)
+    token_B = torch.searchsorted(cdf_BV, targets_B1, right=True).squeeze(-1)
+    return token_B.clamp(max=logits_BV.shape[-1] - 1)
+
+
+def _gather(logprobs_BV: Tensor, token_B: Tensor) -> Tensor:
+    return logprobs_BV.gather(-1, token_B.unsqueeze(-1)).squeeze(-1)
+
+
+def _eos_ids(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> frozenset[int]:
+    ids = {tokenizer.eos_token_id}
+    configured = getattr(model.generation_config, "eos_token_id", None)
+    ids.update(configured if isinstance(configured, list) else [configured])
+    return frozenset(i for i in ids if i is not None)

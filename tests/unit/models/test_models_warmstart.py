@@ -1,0 +1,70 @@
+"""The cached warm start: deterministic, keyed by its inputs, published atomically."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+import torch
+
+from relax_hpc.config.schema import DataConfig, ModelConfig
+from relax_hpc.models import warmstart
+from relax_hpc.models.build import build_causal_lm, build_tokenizer
+from relax_hpc.models.tokenizer import build_char_tokenizer
+from relax_hpc.models.warmstart import (
+    WarmStartConfig,
+    supervised_batch,
+    warm_start,
+    warm_started_model_config,
+)
+
+ARCH = {
+    "hidden_size": 16,
+    "intermediate_size": 32,
+    "num_hidden_layers": 1,
+    "num_attention_heads": 2,
+    "num_key_value_heads": 2,
+    "head_dim": 8,
+    "max_position_embeddings": 32,
+    "tie_word_embeddings": True,
+}
+MODEL = ModelConfig(name="t", tokenizer="char", arch=ARCH)
+DATA = DataConfig(kind="synthetic_addition", digits=1, eval_size=10, apply_chat_template=False)
+RECIPE = WarmStartConfig(steps=3, batch_size=8, warmup_steps=1)
+
+
+def test_warm_start_is_cached_deterministic_and_keyed(tmp_path, monkeypatch):
+    folder = warm_start(MODEL, DATA, tmp_path / "a", RECIPE)
+    metadata = json.loads((folder / "warmstart.json").read_text())
+    assert metadata["inputs"]["recipe"]["steps"] == 3
+    assert [p.name for p in (tmp_path / "a").iterdir()] == [folder.name]  # no temp folder left
+    again = warm_start(MODEL, DATA, tmp_path / "b", RECIPE)
+    assert again.name == folder.name
+    cfg = warm_started_model_config(MODEL, folder)
+    weights = build_causal_lm(cfg, build_tokenizer(cfg)).state_dict()
+    other_weights = build_causal_lm(
+        warm_started_model_config(MODEL, again), build_tokenizer(cfg)
+    ).state_dict()
+    assert all(torch.equal(weights[k], other_weights[k]) for k in weights)
+
+    monkeypatch.setattr(warmstart, "train_on_sloppy_teacher", lambda *a: pytest.fail("not cached"))
+    assert warm_start(MODEL, DATA, tmp_path / "a", RECIPE) == folder
+    monkeypatch.undo()
+    seed_changed = warm_start(MODEL, DATA, tmp_path / "a", dataclasses.replace(RECIPE, seed=1))
+    digits_changed = warm_start(MODEL, dataclasses.replace(DATA, digits=2), tmp_path / "a", RECIPE)
+    assert len({folder, seed_changed, digits_changed}) == 3
+
+
+def test_supervised_batch_labels_only_answer_and_eos():
+    tokenizer = build_char_tokenizer()
+    input_ids, labels = supervised_batch(tokenizer, ["1+2=", "10+20="], ["3", "03"])
+    assert tokenizer.decode(input_ids[0]) == "<bos>1+2=3<eos><pad><pad><pad>"
+    assert tokenizer.decode([t for t in labels[1].tolist() if t != -100]) == "03<eos>"
+
+
+def test_warm_start_refuses_other_data_or_a_model_path(tmp_path):
+    with pytest.raises(ValueError, match="synthetic_addition"):
+        warm_start(MODEL, DataConfig(kind="jsonl"), tmp_path, RECIPE)
+    with pytest.raises(ValueError, match="model.path"):
+        warm_start(dataclasses.replace(MODEL, path="x"), DATA, tmp_path, RECIPE)

@@ -1,0 +1,152 @@
+"""The transformers engine: per-sample reproducibility, log-prob convention, stopping."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from relax_hpc.config.schema import ModelConfig
+from relax_hpc.models.build import build_causal_lm
+from relax_hpc.models.tokenizer import build_char_tokenizer
+from relax_hpc.rollout.engines.base import GenerationRequest, SamplingParams
+from relax_hpc.rollout.engines.transformers_engine import TransformersEngine, top_k_top_p_filter
+
+ARCH = {
+    "hidden_size": 32,
+    "intermediate_size": 64,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 2,
+    "num_key_value_heads": 2,
+    "head_dim": 16,
+    "max_position_embeddings": 128,
+    "tie_word_embeddings": True,
+}
+PROMPTS = ["1+2=", "37+48=", "hello there, ", "0=", "The quick brown fox"]
+
+
+@pytest.fixture(scope="module")
+def engine() -> TransformersEngine:
+    tokenizer = build_char_tokenizer()
+    model = build_causal_lm(ModelConfig(name="t", tokenizer="char", arch=ARCH), tokenizer, seed=0)
+    return TransformersEngine(model, tokenizer, max_batch_size=3)
+
+
+def requests(engine, prompts=PROMPTS) -> list[GenerationRequest]:
+    return [
+        GenerationRequest(f"g{i}/0", engine.tokenizer(p)["input_ids"])
+        for i, p in enumerate(prompts)
+    ]
+
+
+def recomputed_logprobs(engine, completion, temperature) -> torch.Tensor:
+    ids = torch.tensor([completion.prompt_ids + completion.token_ids])
+    with torch.no_grad():
+        logits = engine.model(ids).logits[0, len(completion.prompt_ids) - 1 : -1].float()
+    logprobs = torch.log_softmax(logits / temperature, dim=-1)
+    return logprobs.gather(-1, torch.tensor(completion.token_ids)[:, None]).squeeze(-1)
+
+
+def test_samples_depend_on_seed_and_sample_id_not_on_the_batch(engine):
+    params = SamplingParams(temperature=1.3, max_new_tokens=10, seed=5)
+    batch = engine.generate(requests(engine), params)  # 2 micro-batches of at most 3
+    reversed_batch = engine.generate(requests(engine)[::-1], params)[::-1]
+    alone = [engine.generate([r], params)[0] for r in requests(engine)]
+    for a, b, c in zip(batch, reversed_batch, alone, strict=True):
+        assert a.token_ids == b.token_ids == c.token_ids
+        assert a.logprobs == pytest.approx(c.logprobs, abs=1e-5)
+    other_seed = engine.generate(requests(engine), dataclasses.replace(params, seed=6))
+    assert [c.token_ids for c in other_seed] != [c.token_ids for c in batch]
+    renamed = [GenerationRequest(r.sample_id + "x", r.prompt_ids) for r in requests(engine)]
+    assert [c.token_ids for c in engine.generate(renamed, params)] != [c.token_ids for c in batch]
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_logprobs_match_a_full_forward_pass(engine, temperature):
+    params = SamplingParams(temperature=temperature, max_new_tokens=12, top_p=0.9, seed=1)
+    for completion in engine.generate(requests(engine), params):
+        assert len(completion.logprobs) == len(completion.token_ids) > 0
+        expected = recomputed_logprobs(engine, completion, temperature)
+        assert torch.allclose(torch.tensor(completion.logprobs), expected, atol=1e-5)
+
+
+def test_top_k_one_equals_greedy(engine):
+    greedy = engine.generate(requests(engine), SamplingParams(greedy=True, max_new_tokens=8))
+    top1 = engine.generate(requests(engine), SamplingParams(top_k=1, max_new_tokens=8, seed=3))
+    assert [c.token_ids for c in greedy] == [c.token_ids for c in top1]
+    for completion in greedy:  # greedy reports temperature-1 log-probs
+        assert torch.allclose(
+            torch.tensor(completion.logprobs),
+            recomputed_logprobs(engine, completion, 1.0),
+            atol=1e-5,
+        )
+
+
+def test_stop_strings_end_a_completion_with_the_completing_token(engine):
+    free = engine.generate(requests(engine), SamplingParams(max_new_tokens=16, seed=2))
+    # The third character each completion produced is a stop string that must end it there.
+    for request, completion in zip(requests(engine), free, strict=True):
+        text = completion.text
+        stop = text[2] if len(text) > 2 else None
+        if stop is None:
+            continue
+        params = SamplingParams(max_new_tokens=16, seed=2, stop=(stop, "never-produced"))
+        stopped = engine.generate([request], params)[0]
+        assert stopped.finish_reason == "stop" and stopped.stop == stop
+        assert stopped.text == text[: text.index(stop) + 1]
+        assert stopped.token_ids == completion.token_ids[: len(stopped.token_ids)]
+
+
+def test_length_finish_and_eos(engine):
+    out = engine.generate(requests(engine), SamplingParams(max_new_tokens=3, seed=0))
+    assert all(len(c.token_ids) <= 3 for c in out)
+    assert all(
+        c.finish_reason == "length" for c in out if len(c.token_ids) == 3 and c.token_ids[-1] != 2
+    )
+    eos_engine = TransformersEngine(engine.model, engine.tokenizer)
+    eos_engine.stop_token_ids = frozenset(range(len(engine.tokenizer)))  # every token ends it
+    assert all(
+        c.finish_reason == "stop" and len(c.token_ids) == 1
+        for c in eos_engine.generate(requests(engine), SamplingParams(seed=0))
+    )
+
+
+def test_load_state_dict_changes_generations_and_version(engine):
+    tokenizer = engine.tokenizer
+    cfg = ModelConfig(name="t", tokenizer="char", arch=ARCH)
+    fresh = TransformersEngine(build_causal_lm(cfg, tokenizer, seed=0), tokenizer)
+    params = SamplingParams(max_new_tokens=6, seed=0)
+    before = fresh.generate(requests(engine), params)
+    other = build_causal_lm(cfg, tokenizer, seed=1).state_dict()
+    fresh.load_state_dict(other.items(), policy_version=7)
+    after = fresh.generate(requests(engine), params)
+    assert fresh.policy_version == 7 and all(c.policy_version == 7 for c in after)
+    reference = TransformersEngine(build_causal_lm(cfg, tokenizer, seed=1), tokenizer).generate(
+        requests(engine), params
+    )
+    assert [c.logprobs for c in after] == [c.logprobs for c in reference]
+    assert [c.logprobs for c in after] != [c.logprobs for c in before]
+    with pytest.raises(ValueError, match="not a parameter"):
+        fresh.load_state_dict({"nope": torch.zeros(1)}, policy_version=8)
+    with pytest.raises(ValueError, match="shape"):
+        fresh.load_state_dict({"lm_head.weight": torch.zeros(2, 2)}, policy_version=8)
+
+
+def test_top_k_top_p_filter():
+    logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]]))
+    assert torch.isinf(top_k_top_p_filter(logits, 2, 1.0)).tolist() == [[False, False, True, True]]
+    assert torch.isinf(top_k_top_p_filter(logits, -1, 0.8)).tolist() == [[False, False, True, True]]
+    assert torch.isinf(top_k_top_p_filter(logits, -1, 0.81)).tolist() == [
+        [False, False, False, True]
+    ]
+    assert torch.isinf(top_k_top_p_filter(logits, -1, 0.1)).tolist() == [[False, True, True, True]]
+
+
+def test_bad_sampling_params():
+    with pytest.raises(ValueError, match="greedy"):
+        SamplingParams(temperature=0.0)
+    with pytest.raises(ValueError, match="top_k"):
+        SamplingParams(top_k=0)
+    with pytest.raises(ValueError, match="top_p"):
+        SamplingParams(top_p=0.0)
