@@ -146,6 +146,9 @@ class ObserveConfig:
     tensorboard: bool = True
     log_interval_steps: int = 1
     progress_bar: bool = True
+    # Keep every trained sample id per step in the checkpointed progress and write them to
+    # status/consumed_sample_ids.json at the end: the exactly-once audit of the tests.
+    audit_sample_ids: bool = False
 
 
 @dataclass

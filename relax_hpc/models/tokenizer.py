@@ -59,6 +59,8 @@ def build_char_tokenizer(model_max_length: int = 2048) -> PreTrainedTokenizerFas
         model_max_length=model_max_length,
         padding_side="left",
         clean_up_tokenization_spaces=False,
+        # Causal LMs take no token types; without this, model.generate(**tokenizer(...)) fails.
+        model_input_names=["input_ids", "attention_mask"],
     )
     tokenizer.chat_template = CHAT_TEMPLATE
     return tokenizer

@@ -41,7 +41,7 @@ from relax_hpc.models.build import build_causal_lm, build_tokenizer
 
 log = logging.getLogger(__name__)
 
-WARMSTART_VERSION = 1  # bump when the training recipe below changes
+WARMSTART_VERSION = 2  # bump when the training recipe below changes
 METADATA_NAME = "warmstart.json"
 
 

@@ -1,0 +1,87 @@
+"""Adapters that make trainer state safe to round-trip through DCP.
+
+DCP loads *in place*: it reads only the keys present in the state dict it is handed. Two
+kinds of state therefore need wrapping:
+
+- model + optimizer: ``get_state_dict`` materialises the optimizer's state (empty before
+  the first step) with fully-qualified names, which also works for FSDP2-sharded models;
+- small, variable-shaped state (progress counters, the spool ledger, the data sampler,
+  RNG): serialised as one opaque leaf, so that a fresh object loads whatever was saved.
+"""
+
+from __future__ import annotations
+
+import pickle
+from typing import Any, Protocol
+
+import torch
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_state_dict,
+    set_state_dict,
+)
+
+
+class Stateful(Protocol):
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
+
+
+class ModelAndOptimizer:
+    """``Stateful`` view of a model and its optimizer (plain or FSDP2)."""
+
+    def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None) -> None:
+        self.model = model
+        self.optimizer = optimizer
+
+    def state_dict(self) -> dict[str, Any]:
+        optimizers = [self.optimizer] if self.optimizer is not None else []
+        model_state, optim_state = get_state_dict(self.model, optimizers)
+        return {"model": model_state, "optimizer": optim_state}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        optimizers = [self.optimizer] if self.optimizer is not None else []
+        set_state_dict(
+            self.model,
+            optimizers,
+            model_state_dict=state["model"],
+            optim_state_dict=state["optimizer"],
+            options=StateDictOptions(strict=True),
+        )
+
+
+class OpaqueState:
+    """Wraps a ``Stateful`` whose state has no fixed shape; saved as one pickled leaf.
+
+    Only the trainer's own checkpoint is unpickled, from the run directory it wrote.
+    """
+
+    def __init__(self, inner: Stateful) -> None:
+        self.inner = inner
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"pickle": pickle.dumps(self.inner.state_dict(), protocol=pickle.HIGHEST_PROTOCOL)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.inner.load_state_dict(pickle.loads(state["pickle"]))
+
+
+class RngState:
+    """Python, NumPy-free torch CPU (and CUDA when present) random states of this rank."""
+
+    def state_dict(self) -> dict[str, Any]:
+        import random
+
+        state = {"python": random.getstate(), "torch": torch.get_rng_state()}
+        if torch.cuda.is_available():
+            state["cuda"] = torch.cuda.get_rng_state_all()
+        return state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        import random
+
+        random.setstate(state["python"])
+        torch.set_rng_state(state["torch"])
+        if "cuda" in state and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all(state["cuda"])

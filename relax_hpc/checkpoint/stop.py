@@ -1,0 +1,49 @@
+"""Turning signals and cancel requests into a stop at the next step boundary.
+
+A signal handler only sets a flag (a collective checkpoint cannot run inside a handler).
+At each step boundary the trainer's ranks agree on the flag with one small all-reduce,
+so that all of them save together and stop together.
+"""
+
+from __future__ import annotations
+
+import signal
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+# Slurm's advance warning (--signal=B:USR1@grace, forwarded by the batch script), the
+# SIGTERM of preemption or scancel, and Ctrl-C of a local run.
+STOP_SIGNALS = (signal.SIGUSR1, signal.SIGTERM, signal.SIGINT)
+
+
+class StopFlag:
+    """Set by a stop signal or by the cancel-request file; read at step boundaries."""
+
+    def __init__(self, cancel_request: Path | None = None) -> None:
+        self.cancel_request = cancel_request
+        self.reason: str | None = None
+
+    def install(self, signals: tuple[signal.Signals, ...] = STOP_SIGNALS) -> StopFlag:
+        for signum in signals:
+            signal.signal(signum, self._on_signal)
+        return self
+
+    def _on_signal(self, signum: int, _frame) -> None:
+        if self.reason is None:
+            self.reason = signal.Signals(signum).name
+
+    def local_request(self) -> bool:
+        if self.reason is None and self.cancel_request is not None and self.cancel_request.exists():
+            self.reason = "cancel requested"
+        return self.reason is not None
+
+    def agreed(self, group: dist.ProcessGroup | None = None) -> bool:
+        """Collective over ``group`` (all ranks call it): True when any rank must stop."""
+        wanted = torch.tensor([1 if self.local_request() else 0], dtype=torch.int32)
+        if dist.is_available() and dist.is_initialized():
+            dist.all_reduce(wanted, op=dist.ReduceOp.MAX, group=group)
+        if wanted.item() and self.reason is None:
+            self.reason = "another rank was asked to stop"
+        return bool(wanted.item())

@@ -1,0 +1,68 @@
+"""Scalars to TensorBoard, phase timings, and the status file operators read.
+
+One ``MetricsLogger`` per process. Metric names follow one vocabulary across roles:
+``reward/mean``, ``loss/policy``, ``time/train_s``, ``throughput/samples_per_s``, ...
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from pathlib import Path
+
+from relax_hpc.paths import atomic_write_json
+
+
+class PhaseTimer:
+    """``with timer.phase("generate"): ...`` accumulates seconds per phase until ``pop``."""
+
+    def __init__(self, clock=time.perf_counter) -> None:
+        self.clock = clock
+        self.seconds: dict[str, float] = {}
+
+    @contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        start = self.clock()
+        try:
+            yield
+        finally:
+            self.seconds[name] = self.seconds.get(name, 0.0) + self.clock() - start
+
+    def pop(self) -> dict[str, float]:
+        """The phase times as ``time/<phase>_s`` metrics, and reset."""
+        out = {f"time/{name}_s": value for name, value in self.seconds.items()}
+        self.seconds = {}
+        return out
+
+
+class MetricsLogger:
+    """Writes scalars to a TensorBoard run and the latest values to a status JSON file."""
+
+    def __init__(self, tensorboard_dir: Path | None, status_path: Path | None) -> None:
+        self.writer = None
+        if tensorboard_dir is not None:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self.writer = SummaryWriter(log_dir=str(tensorboard_dir), flush_secs=10)
+        self.status_path = status_path
+        self.last: dict[str, float] = {}
+
+    def log(self, step: int, metrics: Mapping[str, float], extra: Mapping | None = None) -> None:
+        finite = {k: float(v) for k, v in metrics.items() if math.isfinite(float(v))}
+        if self.writer is not None:
+            for name, value in finite.items():
+                self.writer.add_scalar(name, value, global_step=step)
+        self.last = finite
+        if self.status_path is not None:
+            record = {"step": step, "time": time.time(), "metrics": finite, **(extra or {})}
+            atomic_write_json(self.status_path, record)
+
+    def flush(self) -> None:
+        if self.writer is not None:
+            self.writer.flush()
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()

@@ -1,0 +1,174 @@
+"""Wiring of the rollout role: engine, weights, prompts, rewards, spool writer, eval.
+
+Called by ``relax_hpc.component rollout``; returns the process exit code.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import torch
+
+from relax_hpc.checkpoint.stop import StopFlag
+from relax_hpc.config import RunConfig
+from relax_hpc.data.datasets import build_dataset
+from relax_hpc.data.sampler import PromptSampler
+from relax_hpc.models.build import build_causal_lm, build_tokenizer, resolve_dtype
+from relax_hpc.observe.metrics import MetricsLogger
+from relax_hpc.paths import RunPaths, atomic_write_json
+from relax_hpc.rollout.engines.base import GenerationRequest, SamplingParams
+from relax_hpc.rollout.engines.transformers_engine import TransformersEngine
+from relax_hpc.rollout.loop import RolloutSettings, RolloutWorker
+from relax_hpc.rollout.rewards import build_reward
+from relax_hpc.runtime import TaskIdentity
+from relax_hpc.spool import ShardWriter
+from relax_hpc.weightsync import WeightReceiver, WeightSyncError, module_loader
+
+log = logging.getLogger(__name__)
+POLL_S = 0.5
+
+
+class EngineWeights:
+    """Keeps the engine's weights current; fail-closed: no generation without verified weights."""
+
+    def __init__(self, receiver: WeightReceiver, engine: TransformersEngine) -> None:
+        self.receiver = receiver
+        self.engine = engine
+        self.load = module_loader(engine.model)
+
+    def join(self, should_stop) -> bool:
+        """Join the trainer's weight sync; retried while the trainer is (re)starting.
+
+        A requeued job may still show the previous trainer's rendezvous file for a moment,
+        and a first run's trainer may take a while to build its model.
+        """
+        while not should_stop():
+            try:
+                self.receiver.join(self.load)
+            except (WeightSyncError, OSError, RuntimeError) as err:
+                log.info("rollout: trainer not reachable yet (%s); retrying", err)
+                time.sleep(POLL_S)
+                continue
+            if self.receiver.current_policy_version is not None:
+                self.engine.policy_version = self.receiver.current_policy_version
+            return True
+        return False
+
+    def wait_for(self, min_version: int, should_stop) -> bool:
+        while True:
+            update = self.receiver.poll_for_update(self.load, wait_s=POLL_S)
+            if update is not None:
+                self.engine.policy_version = update.policy_version
+                log.info(
+                    "rollout: loaded policy_version %d (%s)", update.policy_version, update.source
+                )
+            current = self.receiver.current_policy_version
+            if self.receiver.ready_to_generate and current is not None and current >= min_version:
+                return True
+            if should_stop():
+                return False
+
+
+def build_engine(cfg: RunConfig, device: torch.device) -> tuple[TransformersEngine, object]:
+    tokenizer = build_tokenizer(cfg.model)
+    model = build_causal_lm(
+        cfg.model, tokenizer, resolve_dtype(cfg.model.dtype, device), seed=cfg.seed
+    )
+    return TransformersEngine(model.to(device), tokenizer), tokenizer
+
+
+def make_scorer(cfg: RunConfig):
+    reward = build_reward(cfg.rollout.reward, timeout_s=cfg.rollout.reward_timeout_s)
+
+    def score(completion, record) -> tuple[float, dict]:
+        result = reward(completion.text, record)
+        details = dict(result.details)
+        if result.failed:
+            details["failed"] = result.failed
+        return result.score, details
+
+    return score
+
+
+def make_evaluator(
+    cfg: RunConfig, engine, tokenizer, score, metrics: MetricsLogger, paths: RunPaths
+):
+    records = build_dataset(cfg.data, tokenizer, split="eval")
+    records = [records[i] for i in range(min(len(records), cfg.data.eval_size))]
+    params = SamplingParams(
+        max_new_tokens=cfg.rollout.max_new_tokens, stop=tuple(cfg.rollout.stop), greedy=True
+    )
+    history: list[dict] = []
+
+    def evaluate(policy_version: int) -> dict[str, float]:
+        requests = [GenerationRequest(f"eval/{i}", r.prompt_ids) for i, r in enumerate(records)]
+        completions = engine.generate(requests, params)
+        accuracy = sum(
+            score(c, r)[0] > 0.5 for c, r in zip(completions, records, strict=True)
+        ) / max(len(records), 1)
+        history.append(
+            {"policy_version": policy_version, "accuracy": accuracy, "time": time.time()}
+        )
+        if metrics.writer is not None:
+            metrics.writer.add_scalar("eval/accuracy", accuracy, global_step=policy_version)
+            metrics.writer.flush()
+        atomic_write_json(paths.status_dir / "eval.json", {"history": history})
+        log.info("eval: policy_version %d held-out greedy accuracy %.3f", policy_version, accuracy)
+        return {"eval/accuracy": accuracy}
+
+    return evaluate
+
+
+def run_rollout(cfg: RunConfig, paths: RunPaths, identity: TaskIdentity) -> int:
+    torch.set_num_threads(cfg.rollout.torch_threads)
+    device = torch.device("cuda" if cfg.rollout.gpus_per_node else "cpu")
+    stop = StopFlag(cancel_request=None).install()
+    trainer_done = paths.status_dir / "trainer_done.json"
+
+    def should_stop() -> bool:
+        return stop.local_request() or trainer_done.exists()
+
+    engine, tokenizer = build_engine(cfg, device)
+    receiver = WeightReceiver(paths, f"rollout-{identity.rank}", cfg.weightsync)
+    weights = EngineWeights(receiver, engine)
+    if not weights.join(should_stop):
+        return 0
+    score = make_scorer(cfg)
+    leader = identity.rank == 0
+    metrics = MetricsLogger(
+        paths.tensorboard_dir / f"rollout-{identity.rank}",
+        paths.status_dir / f"rollout-{identity.rank}.json",
+    )
+    worker = RolloutWorker(
+        settings=RolloutSettings(
+            worker=identity.rank,
+            num_workers=identity.world_size,
+            prompts_per_step=cfg.rollout.prompts_per_step,
+            n_samples_per_prompt=cfg.rollout.n_samples_per_prompt,
+            max_staleness=cfg.max_staleness,
+            eval_interval_steps=cfg.rollout.eval_interval_steps,
+            seed=cfg.seed,
+        ),
+        engine=engine,
+        sampler=PromptSampler(
+            build_dataset(cfg.data, tokenizer, split="train"),
+            seed=cfg.seed,
+            shuffle=cfg.data.shuffle,
+        ),
+        score=score,
+        writer=ShardWriter(
+            paths.spool_dir, f"rollout.r{identity.rank}", cfg.spool.shard_max_samples
+        ),
+        weights=weights,
+        params=SamplingParams.from_config(cfg.rollout, cfg.seed),
+        metrics=metrics,
+        progress_path=paths.status_dir / f"rollout-{identity.rank}-progress.json",
+        evaluator=make_evaluator(cfg, engine, tokenizer, score, metrics, paths) if leader else None,
+        should_stop=should_stop,
+    )
+    try:
+        return worker.run()
+    finally:
+        metrics.close()
+        receiver.close()

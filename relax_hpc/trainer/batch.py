@@ -1,0 +1,134 @@
+"""From spool groups to padded tensors, and the index arithmetic of response tokens.
+
+Legend: ``B`` samples, ``L`` padded prompt+response length, ``T`` padded response length.
+A response token ``t`` of row ``i`` sits at input position ``prompt_len[i] + t`` and is
+predicted by the logits at position ``prompt_len[i] + t - 1``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, fields, replace
+
+import torch
+
+from relax_hpc.spool import Sample
+
+
+@dataclass
+class TrainBatch:
+    input_ids_BL: torch.Tensor  # int64, right-padded with pad_token_id
+    attention_mask_BL: torch.Tensor  # int64, 1 on prompt and response tokens
+    prompt_len_B: torch.Tensor  # int64
+    response_len_B: torch.Tensor  # int64
+    response_mask_BT: torch.Tensor  # float32, the loss mask (0 on observation tokens, padding)
+    rollout_logprobs_BT: torch.Tensor  # float32
+    rewards_B: torch.Tensor  # float32
+    group_index_B: torch.Tensor  # int64, dense group ids 0..G-1 in batch order
+    policy_version_B: torch.Tensor  # int64, version of the weights that generated each sample
+    sample_ids: list[str]
+
+    @property
+    def num_samples(self) -> int:
+        return int(self.input_ids_BL.shape[0])
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.attention_mask_BL.sum())
+
+    def select(self, rows: torch.Tensor | Sequence[int]) -> TrainBatch:
+        """The sub-batch of ``rows``, trimmed to its own longest sequence."""
+        rows = torch.as_tensor(rows, dtype=torch.long)
+        picked = {
+            f.name: (
+                [self.sample_ids[i] for i in rows.tolist()]
+                if f.name == "sample_ids"
+                else getattr(self, f.name)[rows]
+            )
+            for f in fields(self)
+        }
+        return TrainBatch(**picked).trimmed()
+
+    def trimmed(self) -> TrainBatch:
+        """A copy without the padding columns no row needs."""
+        length = int((self.prompt_len_B + self.response_len_B).max())
+        width = max(int(self.response_len_B.max()), 1)
+        return replace(
+            self,
+            input_ids_BL=self.input_ids_BL[:, :length],
+            attention_mask_BL=self.attention_mask_BL[:, :length],
+            response_mask_BT=self.response_mask_BT[:, :width],
+            rollout_logprobs_BT=self.rollout_logprobs_BT[:, :width],
+        )
+
+
+def collate(groups: Sequence[Sequence[Sample]], pad_token_id: int) -> TrainBatch:
+    """Pad every sample of ``groups`` (in order) into one ``TrainBatch``."""
+    samples = [sample for group in groups for sample in group]
+    group_index = [index for index, group in enumerate(groups) for _ in group]
+    if not samples:
+        raise ValueError("collate needs at least one sample")
+    lengths = [len(s.prompt_token_ids) + len(s.response_token_ids) for s in samples]
+    width = max(max(len(s.response_token_ids) for s in samples), 1)
+    batch = len(samples)
+    input_ids = torch.full((batch, max(lengths)), pad_token_id, dtype=torch.long)
+    attention = torch.zeros((batch, max(lengths)), dtype=torch.long)
+    response_mask = torch.zeros((batch, width), dtype=torch.float32)
+    rollout_logprobs = torch.zeros((batch, width), dtype=torch.float32)
+    for row, sample in enumerate(samples):
+        tokens = [*sample.prompt_token_ids.tolist(), *sample.response_token_ids.tolist()]
+        input_ids[row, : len(tokens)] = torch.tensor(tokens, dtype=torch.long)
+        attention[row, : len(tokens)] = 1
+        length = len(sample.response_token_ids)
+        response_mask[row, :length] = torch.from_numpy(sample.loss_mask.astype("float32"))
+        rollout_logprobs[row, :length] = torch.from_numpy(sample.rollout_logprobs.astype("float32"))
+    return TrainBatch(
+        input_ids_BL=input_ids,
+        attention_mask_BL=attention,
+        prompt_len_B=torch.tensor([len(s.prompt_token_ids) for s in samples], dtype=torch.long),
+        response_len_B=torch.tensor([len(s.response_token_ids) for s in samples], dtype=torch.long),
+        response_mask_BT=response_mask,
+        rollout_logprobs_BT=rollout_logprobs,
+        rewards_B=torch.tensor([float(s.reward) for s in samples], dtype=torch.float32),
+        group_index_B=torch.tensor(group_index, dtype=torch.long),
+        policy_version_B=torch.tensor([s.policy_version for s in samples], dtype=torch.long),
+        sample_ids=[s.sample_id for s in samples],
+    )
+
+
+def response_positions(prompt_len_B: torch.Tensor, width: int) -> torch.Tensor:
+    """``[B, T]`` positions of the logits that predict each response token."""
+    offsets = torch.arange(width, dtype=torch.long).unsqueeze(0)
+    return (prompt_len_B.unsqueeze(1) - 1 + offsets).clamp(min=0)
+
+
+def gather_response(
+    per_position_BLx: torch.Tensor, prompt_len_B: torch.Tensor, width: int
+) -> torch.Tensor:
+    """Pick the response window ``[B, T]`` out of a per-position ``[B, L]`` tensor.
+
+    Positions past the end of a row are clamped; the response mask removes them.
+    """
+    positions = response_positions(prompt_len_B, width).to(per_position_BLx.device)
+    positions = positions.clamp(max=per_position_BLx.shape[1] - 1)
+    return per_position_BLx.gather(1, positions)
+
+
+def token_budget_chunks(batch: TrainBatch, micro_batch_tokens: int) -> list[list[int]]:
+    """Consecutive row ranges whose padded size (rows x longest row) fits the budget.
+
+    A single row longer than the budget still forms its own micro-batch.
+    """
+    lengths = (batch.prompt_len_B + batch.response_len_B).tolist()
+    chunks: list[list[int]] = []
+    current: list[int] = []
+    longest = 0
+    for row, length in enumerate(lengths):
+        if current and max(longest, length) * (len(current) + 1) > micro_batch_tokens:
+            chunks.append(current)
+            current, longest = [], 0
+        current.append(row)
+        longest = max(longest, length)
+    if current:
+        chunks.append(current)
+    return chunks

@@ -1,0 +1,234 @@
+"""The trainer loop, readable top to bottom:
+
+    next_batch -> train_step -> publish_weights -> maybe_checkpoint -> log -> check_stop
+
+``policy_version`` N is the policy after N optimiser steps (version 0 = initial weights),
+so after step N the trainer publishes version N. Exit codes: 0 finished, 75 stopped with a
+checkpoint (signal or cancel request; the launcher requeues or the user resumes).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+
+from relax_hpc.algo import AlgorithmSpec
+from relax_hpc.checkpoint.stop import StopFlag
+from relax_hpc.checkpoint.store import CheckpointStore
+from relax_hpc.observe.metrics import MetricsLogger, PhaseTimer
+from relax_hpc.spool import SpoolReader, SpoolTimeout
+from relax_hpc.trainer.batch import TrainBatch, collate
+from relax_hpc.trainer.update import Networks, prepare_step, update_critic, update_policy
+
+log = logging.getLogger(__name__)
+
+EXIT_FINISHED = 0
+EXIT_STOPPED = 75
+BATCH_WAIT_S = 2.0  # how long one spool wait lasts before the stop flag is looked at again
+
+
+@dataclass
+class Progress:
+    """Resumable counters of the trainer (part of every checkpoint)."""
+
+    step: int = 0
+    samples: int = 0
+    tokens: int = 0
+    history: list[dict] = field(default_factory=list)  # per-step reward/accuracy summary
+    sample_ids: list[list[str]] = field(default_factory=list)  # per step, when audited
+
+    def state_dict(self) -> dict:
+        return dict(self.__dict__)
+
+    def load_state_dict(self, state: dict) -> None:
+        self.__dict__.update(state)
+
+    @property
+    def policy_version(self) -> int:
+        return self.step
+
+
+@dataclass
+class LoopSettings:
+    total_steps: int
+    prompts_per_step: int
+    checkpoint_interval_steps: int
+    sync_interval_steps: int
+    epochs_per_step: int
+    mini_batches_per_step: int
+    temperature: float
+    pad_token_id: int
+    rank: int = 0
+    world_size: int = 1
+    audit_sample_ids: bool = False
+
+
+class Trainer:
+    def __init__(
+        self,
+        settings: LoopSettings,
+        spec: AlgorithmSpec,
+        nets: Networks,
+        reader: SpoolReader | None,  # rank 0 only
+        publish_weights,  # callable(policy_version) -> dict of metrics
+        store: CheckpointStore,
+        checkpoint_state,  # callable() -> dict for DCP
+        stop: StopFlag,
+        metrics: MetricsLogger,
+        broadcast_groups,  # callable(groups | None) -> groups, the same on every rank
+    ) -> None:
+        self.settings = settings
+        self.spec = spec
+        self.nets = nets
+        self.reader = reader
+        self.publish_weights = publish_weights
+        self.store = store
+        self.checkpoint_state = checkpoint_state
+        self.stop = stop
+        self.metrics = metrics
+        self.broadcast_groups = broadcast_groups
+        self.progress = Progress()
+        self.timer = PhaseTimer()
+
+    def run(self) -> int:
+        while self.progress.step < self.settings.total_steps:
+            with self.timer.phase("wait_for_batch"):
+                groups = self.next_batch()
+            if groups is None:
+                return self.stop_with_checkpoint()
+            step_metrics = self.train_step(groups)
+            step_metrics.update(self.publish())
+            self.maybe_checkpoint()
+            self.log(step_metrics)
+            if self.stop.agreed():
+                return self.stop_with_checkpoint()
+        self.checkpoint()
+        return EXIT_FINISHED
+
+    # --- the phases ----------------------------------------------------------------------------
+    def next_batch(self) -> list | None:
+        """The next step's groups on every rank, or None when a stop was requested."""
+        while True:
+            groups = None
+            if self.reader is not None:
+                try:
+                    groups = self.reader.next_batch(
+                        self.settings.prompts_per_step,
+                        self.progress.policy_version,
+                        timeout_s=BATCH_WAIT_S,
+                    )
+                except SpoolTimeout:
+                    groups = None
+            if self.stop.agreed():
+                return None
+            groups = self.broadcast_groups(groups)
+            if groups is not None:
+                return groups
+
+    def train_step(self, groups: list) -> dict[str, float]:
+        s = self.settings
+        batch = collate(groups, s.pad_token_id)
+        plan = (s.epochs_per_step, s.mini_batches_per_step, s.rank, s.world_size)
+        with self.timer.phase("prepare"):
+            tensors = prepare_step(self.spec, batch, self.nets, s.temperature)
+        with self.timer.phase("train"):
+            metrics = update_policy(
+                self.spec, batch, tensors, self.nets.policy, plan, s.temperature
+            )
+            if self.nets.critic is not None:
+                metrics.update(update_critic(self.spec, batch, tensors, self.nets.critic, plan))
+        self.progress.step += 1
+        self.progress.samples += batch.num_samples
+        self.progress.tokens += batch.num_tokens
+        if s.audit_sample_ids:
+            self.progress.sample_ids.append(list(batch.sample_ids))
+        if self.reader is not None:
+            self.reader.mark_step_consumed(self.progress.step)
+        metrics.update(self.batch_metrics(batch))
+        return metrics
+
+    def publish(self) -> dict[str, float]:
+        step = self.progress.step
+        if step % self.settings.sync_interval_steps and step != self.settings.total_steps:
+            return {}
+        with self.timer.phase("weight_sync"):
+            return self.publish_weights(self.progress.policy_version)
+
+    def maybe_checkpoint(self) -> None:
+        if self.progress.step % self.settings.checkpoint_interval_steps == 0:
+            self.checkpoint()
+
+    def checkpoint(self) -> None:
+        step = self.progress.step
+        with self.timer.phase("checkpoint"):
+            self.store.save(step, self.checkpoint_state(), facts={"policy_version": step})
+            if self.reader is not None:
+                self.reader.on_checkpoint_complete(step)
+
+    def stop_with_checkpoint(self) -> int:
+        log.info("trainer: stopping at step %d (%s)", self.progress.step, self.stop.reason)
+        self.checkpoint()
+        return EXIT_STOPPED
+
+    def log(self, step_metrics: dict[str, float]) -> None:
+        metrics = {_tb_name(k): v for k, v in step_metrics.items()}
+        metrics.update(self.timer.pop())
+        if self.reader is not None:
+            metrics.update({f"spool/{k}": v for k, v in self.reader.metrics().items()})
+        self.progress.history.append(
+            {
+                "step": self.progress.step,
+                "reward": metrics.get("reward/mean", 0.0),
+                "time": time.time(),
+            }
+        )
+        self.metrics.log(
+            self.progress.step, metrics, extra={"policy_version": self.progress.policy_version}
+        )
+        log.info(
+            "step %d/%d reward %.3f loss %.4f staleness %.2f",
+            self.progress.step,
+            self.settings.total_steps,
+            metrics.get("reward/mean", 0.0),
+            metrics.get("loss/actor", 0.0),
+            metrics.get("staleness/mean", 0.0),
+        )
+
+    def batch_metrics(self, batch: TrainBatch) -> dict[str, float]:
+        rewards = batch.rewards_B
+        response_len = batch.response_len_B.float()
+        staleness = (self.progress.policy_version - 1 - batch.policy_version_B).float()
+        return {
+            "reward/mean": float(rewards.mean()),
+            "reward/std": float(rewards.std()) if rewards.numel() > 1 else 0.0,
+            "reward/accuracy": float((rewards > 0.5).float().mean()),
+            "response/length_mean": float(response_len.mean()),
+            "response/length_max": float(response_len.max()),
+            "staleness/mean": float(staleness.mean()),
+            "staleness/max": float(staleness.max()),
+            "progress/samples": float(self.progress.samples),
+            "progress/tokens": float(self.progress.tokens),
+        }
+
+
+def _tb_name(name: str) -> str:
+    """algo metric names (``pg_clipfrac``) go under ``actor/``; others keep their prefix."""
+    return name if "/" in name else f"actor/{name}"
+
+
+def sequential_broadcast(groups):
+    """Single-rank stand-in for ``broadcast_groups``."""
+    return groups
+
+
+def torch_broadcast_groups(rank: int, group=None):
+    """Rank 0's groups to every rank (a pickled object broadcast over the trainer's group)."""
+    import torch.distributed as dist
+
+    def broadcast(groups):
+        box = [groups if rank == 0 else None]
+        dist.broadcast_object_list(box, src=0, group=group)
+        return box[0]
+
+    return broadcast

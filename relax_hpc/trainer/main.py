@@ -1,0 +1,230 @@
+"""Wiring of the trainer role: build everything from the resolved config, resume, run.
+
+Called by ``relax_hpc.component trainer``; returns the process exit code.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+from pathlib import Path
+
+import torch
+
+from relax_hpc.algo import resolve
+from relax_hpc.checkpoint.stateful import ModelAndOptimizer, OpaqueState, RngState
+from relax_hpc.checkpoint.stop import StopFlag
+from relax_hpc.checkpoint.store import CheckpointStore, latest_checkpoint
+from relax_hpc.config import RunConfig
+from relax_hpc.models.build import build_causal_lm, build_tokenizer, resolve_dtype
+from relax_hpc.observe.metrics import MetricsLogger
+from relax_hpc.paths import RunPaths, atomic_write_json
+from relax_hpc.runtime import TaskIdentity
+from relax_hpc.spool import SpoolReader
+from relax_hpc.trainer.group import init_trainer_group
+from relax_hpc.trainer.loop import (
+    LoopSettings,
+    Trainer,
+    sequential_broadcast,
+    torch_broadcast_groups,
+)
+from relax_hpc.trainer.torch_backend import TorchModel, ValueHead, frozen_copy, shard_with_fsdp2
+from relax_hpc.trainer.update import Networks
+from relax_hpc.weightsync import WeightSender
+
+log = logging.getLogger(__name__)
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("RELAX_HPC_CACHE_DIR", Path.home() / ".cache" / "relax_hpc"))
+
+
+def initial_model_config(cfg: RunConfig):
+    """The policy's starting point: the configured model, or its cached warm start."""
+    if not cfg.model.warm_start:
+        return cfg.model
+    from relax_hpc.models.warmstart import warm_start, warm_started_model_config
+
+    folder = warm_start(cfg.model, cfg.data, cache_dir())
+    return warm_started_model_config(cfg.model, folder)
+
+
+def build_networks(cfg: RunConfig, device: torch.device, world_size: int):
+    spec = resolve(cfg.algo)
+    model_cfg = initial_model_config(cfg)
+    tokenizer = build_tokenizer(model_cfg)
+    dtype = resolve_dtype(cfg.model.dtype, device)
+    policy_net = build_causal_lm(model_cfg, tokenizer, dtype, seed=cfg.seed)
+    reference_net = frozen_copy(policy_net) if spec.needs_reference else None
+    critic_net = ValueHead(frozen_copy(policy_net)).to(dtype) if spec.needs_critic else None
+    teacher_net = None
+    if spec.needs_teacher:
+        teacher_cfg = dataclasses.replace(cfg.model, path=cfg.model.teacher_path, tokenizer="auto")
+        teacher_net = build_causal_lm(teacher_cfg, tokenizer, dtype)
+    if world_size > 1:
+        policy_net = shard_with_fsdp2(policy_net)
+        critic_net = shard_with_fsdp2(critic_net) if critic_net is not None else None
+    t = cfg.trainer
+    common = {"device": device, "micro_batch_tokens": t.micro_batch_tokens}
+    nets = Networks(
+        policy=TorchModel(
+            policy_net,
+            lr=t.lr,
+            weight_decay=t.weight_decay,
+            warmup_steps=t.warmup_steps,
+            grad_clip=t.grad_clip,
+            **common,
+        ),
+        reference=TorchModel(reference_net, trainable=False, **common) if reference_net else None,
+        teacher=TorchModel(teacher_net, trainable=False, **common) if teacher_net else None,
+        critic=TorchModel(
+            critic_net, lr=t.critic_lr, warmup_steps=t.warmup_steps, grad_clip=t.grad_clip, **common
+        )
+        if critic_net
+        else None,
+    )
+    return spec, tokenizer, nets
+
+
+def full_policy_weights(policy: torch.nn.Module, world_size: int) -> dict[str, torch.Tensor]:
+    """HF-named tensors of the whole policy (collective under FSDP2; every rank calls it)."""
+    if world_size == 1:
+        return {k: v.detach() for k, v in policy.state_dict().items()}
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    return get_model_state_dict(
+        policy, options=StateDictOptions(full_state_dict=True, cpu_offload=True)
+    )
+
+
+def run_trainer(cfg: RunConfig, paths: RunPaths, identity: TaskIdentity) -> int:
+    torch.set_num_threads(cfg.trainer.torch_threads)
+    device = torch.device(f"cuda:{identity.local_rank}" if cfg.trainer.gpus_per_node else "cpu")
+    init_trainer_group(
+        paths, identity, "nccl" if device.type == "cuda" else "gloo", cfg.weightsync.timeout_s * 5
+    )
+    stop = StopFlag(cancel_request=paths.cancel_request).install()
+    leader = identity.rank == 0
+    sender = WeightSender(paths, cfg.weightsync, device) if leader else None
+    if sender is not None:
+        sender.start()  # before the model is built: rollout engines can register meanwhile
+    spec, tokenizer, nets = build_networks(cfg, device, identity.world_size)
+    reader = (
+        SpoolReader(
+            paths.spool_dir, dataclasses.replace(cfg.spool, max_staleness=cfg.max_staleness)
+        )
+        if leader
+        else None
+    )
+    metrics = MetricsLogger(
+        paths.tensorboard_dir / "trainer" if leader else None,
+        paths.status_dir / "trainer.json" if leader else None,
+    )
+    store = CheckpointStore(paths, cfg.trainer.checkpoint_keep, identity.rank, _barrier(identity))
+
+    def publish_weights(policy_version: int) -> dict[str, float]:
+        weights = full_policy_weights(nets.policy.network, identity.world_size)
+        if sender is None:
+            return {}
+        report = sender.sync(weights, policy_version)
+        return {
+            "weightsync/seconds": report.seconds,
+            "weightsync/engines": float(len(report.members)),
+            "weightsync/dropped": float(len(report.dropped)),
+        }
+
+    trainer = Trainer(
+        settings=_settings(cfg, tokenizer, identity),
+        spec=spec,
+        nets=nets,
+        reader=reader,
+        publish_weights=publish_weights,
+        store=store,
+        checkpoint_state=lambda: _checkpoint_state(nets, trainer.progress, reader),
+        stop=stop,
+        metrics=metrics,
+        broadcast_groups=torch_broadcast_groups(identity.rank)
+        if identity.world_size > 1
+        else sequential_broadcast,
+    )
+    _resume_or_publish_initial(cfg, paths, store, trainer, nets, reader, publish_weights)
+    exit_code = trainer.run()
+    if exit_code == 0 and leader:
+        _finish(paths, nets, tokenizer, trainer, identity.world_size)
+    metrics.close()
+    if sender is not None:
+        sender.close()
+    return exit_code
+
+
+def _settings(cfg: RunConfig, tokenizer, identity: TaskIdentity) -> LoopSettings:
+    return LoopSettings(
+        total_steps=cfg.trainer.total_steps,
+        prompts_per_step=cfg.rollout.prompts_per_step,
+        checkpoint_interval_steps=cfg.trainer.checkpoint_interval_steps,
+        sync_interval_steps=cfg.weightsync.interval_steps,
+        epochs_per_step=cfg.trainer.epochs_per_step,
+        mini_batches_per_step=cfg.trainer.mini_batches_per_step,
+        temperature=cfg.rollout.temperature,
+        pad_token_id=tokenizer.pad_token_id,
+        rank=identity.rank,
+        world_size=identity.world_size,
+        audit_sample_ids=cfg.observe.audit_sample_ids,
+    )
+
+
+def _checkpoint_state(nets: Networks, progress, reader) -> dict:
+    state = {
+        "policy": ModelAndOptimizer(nets.policy.network, nets.policy.optimizer),
+        "progress": OpaqueState(progress),
+        "rng": OpaqueState(RngState()),
+        "scheduler": OpaqueState(nets.policy.scheduler),
+    }
+    if nets.critic is not None:
+        state["critic"] = ModelAndOptimizer(nets.critic.network, nets.critic.optimizer)
+    if reader is not None:
+        state["spool"] = OpaqueState(reader)
+    return state
+
+
+def _resume_or_publish_initial(cfg, paths, store, trainer, nets, reader, publish_weights) -> None:
+    """Load the latest complete checkpoint (resume=auto), then publish the current policy.
+
+    With no engine admitted yet, the sync falls back to ``weights/v<N>/``, where a
+    starting rollout engine loads it from.
+    """
+    info = latest_checkpoint(paths) if cfg.resume == "auto" else None
+    if info is None:
+        log.info("trainer: starting from the initial policy (version 0)")
+    else:
+        store.load(info, _checkpoint_state(nets, trainer.progress, reader))
+        log.info("trainer: resumed from %s (step %d)", info.path, info.step)
+    publish_weights(trainer.progress.policy_version)
+
+
+def _finish(paths: RunPaths, nets: Networks, tokenizer, trainer: Trainer, world_size: int) -> None:
+    """Export the final policy as a Hugging Face folder and mark the run finished."""
+    network = nets.policy.network
+    if world_size == 1:
+        network.save_pretrained(paths.export_dir, safe_serialization=True)
+        tokenizer.save_pretrained(paths.export_dir)
+    summary = {
+        "step": trainer.progress.step,
+        "samples": trainer.progress.samples,
+        "export_dir": str(paths.export_dir),
+        "history": trainer.progress.history[-1:],
+    }
+    if trainer.progress.sample_ids:
+        atomic_write_json(
+            paths.status_dir / "consumed_sample_ids.json", trainer.progress.sample_ids
+        )
+    atomic_write_json(paths.status_dir / "trainer_done.json", summary)
+
+
+def _barrier(identity: TaskIdentity):
+    if identity.world_size == 1:
+        return lambda: None
+    import torch.distributed as dist
+
+    return dist.barrier

@@ -1,0 +1,163 @@
+"""The torch trainer backend: a transformers causal LM on CPU or GPU, FSDP2 when the
+trainer has several ranks (gloo on CPU, NCCL on GPU), AdamW with warm-up and clipping.
+
+It only knows how to compute per-token log-probs, entropies and values of a ``TrainBatch``
+and how to take an optimiser step on a loss; the algorithm is the ``relax_hpc.algo``
+spec handed in by the loop.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable, Iterator
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+from relax_hpc.algo import entropy_from_logits
+from relax_hpc.trainer.batch import TrainBatch, gather_response, token_budget_chunks
+
+
+def shard_with_fsdp2(model: torch.nn.Module) -> torch.nn.Module:
+    """FSDP2: one unit per decoder layer plus the root (gradients averaged over ranks)."""
+    from torch.distributed.fsdp import fully_shard
+
+    layers = getattr(getattr(model, "model", None), "layers", None) or []
+    for layer in layers:
+        fully_shard(layer)
+    fully_shard(model)
+    return model
+
+
+def warmup_lambda(warmup_steps: int) -> Callable[[int], float]:
+    return lambda step: min(1.0, (step + 1) / warmup_steps) if warmup_steps > 0 else 1.0
+
+
+class ValueHead(torch.nn.Module):
+    """Critic: the policy's transformer body and a scalar head on the last hidden state."""
+
+    def __init__(self, causal_lm: torch.nn.Module) -> None:
+        super().__init__()
+        self.body = causal_lm
+        self.head = torch.nn.Linear(causal_lm.config.hidden_size, 1)
+        torch.nn.init.zeros_(self.head.weight)
+        torch.nn.init.zeros_(self.head.bias)
+
+    def forward(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
+        out = self.body(
+            input_ids=input_ids, attention_mask=attention_mask, output_hidden_states=True
+        )
+        return self.head(out.hidden_states[-1]).squeeze(-1)
+
+
+class TorchModel:
+    """One trainable (or frozen) network with its optimiser; computes per-token outputs."""
+
+    def __init__(
+        self,
+        network: torch.nn.Module,
+        device: torch.device,
+        micro_batch_tokens: int,
+        lr: float = 0.0,
+        weight_decay: float = 0.0,
+        warmup_steps: int = 0,
+        grad_clip: float = 1.0,
+        trainable: bool = True,
+    ) -> None:
+        self.network = network.to(device)
+        self.device = device
+        self.micro_batch_tokens = micro_batch_tokens
+        self.grad_clip = grad_clip
+        self.optimizer = None
+        self.scheduler = None
+        if trainable:
+            self.network.train()
+            self.optimizer = torch.optim.AdamW(
+                self.network.parameters(), lr=lr, weight_decay=weight_decay, betas=(0.9, 0.999)
+            )
+            self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+                self.optimizer, warmup_lambda(warmup_steps)
+            )
+        else:
+            self.network.eval().requires_grad_(False)
+
+    def micro_batches(self, batch: TrainBatch) -> Iterator[TrainBatch]:
+        for rows in token_budget_chunks(batch, self.micro_batch_tokens):
+            yield batch.select(rows)
+
+    def _inputs(self, micro: TrainBatch) -> tuple[Tensor, Tensor]:
+        return micro.input_ids_BL.to(self.device), micro.attention_mask_BL.to(self.device)
+
+    def token_logprobs(
+        self, micro: TrainBatch, temperature: float, with_entropy: bool
+    ) -> tuple[Tensor, Tensor | None]:
+        """``[B, T]`` log-probs of the response tokens at ``temperature`` (and entropies)."""
+        input_ids, attention = self._inputs(micro)
+        logits_BLV = self.network(input_ids=input_ids, attention_mask=attention).logits.float()
+        logits_BLV = logits_BLV / temperature
+        width = micro.response_mask_BT.shape[1]
+        next_tokens_BL = torch.roll(input_ids, shifts=-1, dims=1)
+        logprobs_BL = (
+            torch.log_softmax(logits_BLV, dim=-1)
+            .gather(-1, next_tokens_BL.unsqueeze(-1))
+            .squeeze(-1)
+        )
+        logprobs_BT = gather_response(logprobs_BL, micro.prompt_len_B, width)
+        entropy_BT = None
+        if with_entropy:
+            entropy_BT = gather_response(entropy_from_logits(logits_BLV), micro.prompt_len_B, width)
+        return logprobs_BT, entropy_BT
+
+    def token_values(self, micro: TrainBatch) -> Tensor:
+        input_ids, attention = self._inputs(micro)
+        values_BL = self.network(input_ids, attention).float()
+        return gather_response(values_BL, micro.prompt_len_B, micro.response_mask_BT.shape[1])
+
+    @torch.no_grad()
+    def logprobs(self, batch: TrainBatch, temperature: float) -> Tensor:
+        parts = [
+            self.token_logprobs(m, temperature, False)[0].cpu() for m in self.micro_batches(batch)
+        ]
+        return _concat_rows(parts, batch.response_mask_BT.shape[1])
+
+    @torch.no_grad()
+    def values(self, batch: TrainBatch) -> Tensor:
+        parts = [self.token_values(m).cpu() for m in self.micro_batches(batch)]
+        return _concat_rows(parts, batch.response_mask_BT.shape[1])
+
+    def optimizer_step(self) -> dict[str, float]:
+        """Clip, step, schedule; returns the pre-clip gradient norm and learning rate."""
+        assert self.optimizer is not None and self.scheduler is not None
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.network.parameters(), self.grad_clip)
+        if isinstance(grad_norm, torch.distributed.tensor.DTensor):
+            grad_norm = grad_norm.full_tensor()
+        lr = self.optimizer.param_groups[0]["lr"]
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.scheduler.step()
+        return {"grad_norm": float(grad_norm), "lr": float(lr)}
+
+    def zero_grad(self) -> None:
+        assert self.optimizer is not None
+        self.optimizer.zero_grad(set_to_none=True)
+
+
+def _concat_rows(parts: list[Tensor], width: int) -> Tensor:
+    """Rows of micro-batches trimmed to their own width, re-padded to ``width``."""
+    padded = [torch.nn.functional.pad(p, (0, width - p.shape[1])) for p in parts]
+    return torch.cat(padded, dim=0)
+
+
+def frozen_copy(network: torch.nn.Module) -> torch.nn.Module:
+    """A frozen copy (the reference policy is the initial policy)."""
+    return copy.deepcopy(network)
+
+
+def all_reduce_sum(value: float, group: dist.ProcessGroup | None, device: torch.device) -> float:
+    """Sum of ``value`` over the trainer's ranks (identity in a single process)."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return value
+    tensor = torch.tensor([value], dtype=torch.float64, device=device)
+    dist.all_reduce(tensor, group=group)
+    return float(tensor.item())

@@ -1,0 +1,51 @@
+"""Shared pieces of the end-to-end tests: run ``submit`` as a user would, read results."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from relax_hpc.paths import RunPaths, read_json
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def submit_env() -> dict[str, str]:
+    env = dict(os.environ)
+    env.setdefault("RELAX_HPC_CACHE_DIR", str(Path.home() / ".cache" / "relax_hpc"))
+    return env
+
+
+def submit(run_dir: Path, *overrides: str, timeout_s: float = 600) -> subprocess.CompletedProcess:
+    """``python -m relax_hpc.submit +experiment=grpo_tiny cluster=local ...`` in a subprocess."""
+    command = [
+        sys.executable,
+        "-m",
+        "relax_hpc.submit",
+        "+experiment=grpo_tiny",
+        "cluster=local",
+        f"run_dir={run_dir}",
+        *overrides,
+    ]
+    return subprocess.run(
+        command, capture_output=True, text=True, timeout=timeout_s, cwd=REPO, env=submit_env()
+    )
+
+
+def eval_history(run_dir: Path) -> list[dict]:
+    return read_json(RunPaths(run_dir).status_dir / "eval.json")["history"]
+
+
+def failure_report(result: subprocess.CompletedProcess, run_dir: Path) -> str:
+    logs = RunPaths(run_dir).logs_dir
+    tails = (
+        [
+            f"--- {p.name}\n" + "".join(p.read_text(errors="replace").splitlines(True)[-30:])
+            for p in sorted(logs.glob("*.log"))
+        ]
+        if logs.is_dir()
+        else []
+    )
+    return f"exit {result.returncode}\n{result.stderr[-3000:]}\n" + "\n".join(tails)

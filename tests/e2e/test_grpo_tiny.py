@@ -1,0 +1,190 @@
+"""grpo_tiny for real: two processes, spool, weight sync, checkpoints, TensorBoard, export."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+from e2e_helpers import REPO, eval_history, failure_report, submit, submit_env
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from relax_hpc.paths import RunPaths, read_json
+from relax_hpc.spool import check_exactly_once, read_shard
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def learned_run(tmp_path_factory):
+    run_dir = tmp_path_factory.mktemp("learn") / "run"
+    result = submit(
+        run_dir, "trainer.total_steps=60", "observe.audit_sample_ids=true", timeout_s=900
+    )
+    assert result.returncode == 0, failure_report(result, run_dir)
+    return run_dir, result
+
+
+def test_grpo_tiny_visibly_learns(learned_run):
+    run_dir, result = learned_run
+    history = eval_history(run_dir)
+    base, final = history[0], history[-1]
+    assert (base["policy_version"], final["policy_version"]) == (0, 60)
+    assert 0.1 < base["accuracy"] < 0.6  # the warm start is weak on purpose
+    assert final["accuracy"] >= max(2 * base["accuracy"], 0.8), history
+    assert (
+        "held-out greedy accuracy" in result.stderr
+        and "exported Hugging Face model" in result.stderr
+    )
+
+
+def scalars(folder) -> dict[str, list[float]]:
+    accumulator = EventAccumulator(str(folder), size_guidance={"scalars": 0})
+    accumulator.Reload()
+    return {
+        tag: [e.value for e in accumulator.Scalars(tag)] for tag in accumulator.Tags()["scalars"]
+    }
+
+
+def test_tensorboard_holds_the_scalars(learned_run):
+    run_dir, _ = learned_run
+    trainer = scalars(RunPaths(run_dir).tensorboard_dir / "trainer")
+    expected = [
+        "reward/mean",
+        "reward/accuracy",
+        "response/length_mean",
+        "loss/actor",
+        "actor/pg_loss",
+        "actor/pg_clipfrac",
+        "actor/ppo_kl",
+        "actor/entropy",
+        "actor/grad_norm",
+        "actor/lr",
+        "staleness/mean",
+        "staleness/max",
+        "time/train_s",
+        "time/prepare_s",
+        "time/weight_sync_s",
+        "weightsync/seconds",
+        "progress/samples",
+    ]
+    missing = [tag for tag in expected if tag not in trainer]
+    assert not missing, f"missing {missing}; have {sorted(trainer)}"
+    assert len(trainer["reward/mean"]) == 60
+    early, late = trainer["reward/mean"][:10], trainer["reward/mean"][-10:]
+    assert sum(late) / 10 > sum(early) / 10 + 0.2
+    assert max(trainer["staleness/max"]) <= 1  # async with max_staleness 1
+    rollout = scalars(RunPaths(run_dir).tensorboard_dir / "rollout-0")
+    for tag in (
+        "eval/accuracy",
+        "throughput/samples_per_s",
+        "throughput/tokens_per_s",
+        "time/generate_s",
+    ):
+        assert tag in rollout, sorted(rollout)
+
+
+def test_every_sample_was_trained_exactly_once(learned_run):
+    run_dir, _ = learned_run
+    surviving = read_json(RunPaths(run_dir).status_dir / "consumed_sample_ids.json")
+    assert len(surviving) == 60 and all(len(step) == 16 * 8 for step in surviving)
+    assert not check_exactly_once({s for step in surviving for s in step}, surviving)
+
+
+def trainer_logprobs(model, tokenizer, texts):
+    batch = tokenizer(texts, return_tensors="pt", padding=True)
+    with torch.no_grad():
+        logits = model(**batch).logits
+    logprobs = torch.log_softmax(logits[:, :-1], dim=-1).gather(-1, batch.input_ids[:, 1:, None])
+    return logprobs.squeeze(-1) * batch.attention_mask[:, 1:]
+
+
+def test_export_loads_in_transformers_and_matches_the_checkpoint(learned_run, tmp_path):
+    run_dir, _ = learned_run
+    out = tmp_path / "hf"
+    subprocess.run(
+        [sys.executable, "-m", "relax_hpc.export", str(run_dir), "--out", str(out)],
+        check=True,
+        cwd=REPO,
+        timeout=300,
+    )
+    exported = AutoModelForCausalLM.from_pretrained(out)
+    tokenizer = AutoTokenizer.from_pretrained(out)
+    final = AutoModelForCausalLM.from_pretrained(RunPaths(run_dir).export_dir)  # the trainer's own
+    texts = ["12+34=64", "99+1=001", "5+5=01"]
+    assert torch.allclose(
+        trainer_logprobs(exported, tokenizer, texts),
+        trainer_logprobs(final, tokenizer, texts),
+        atol=1e-6,
+    )
+    prompt = tokenizer("23+45=", return_tensors="pt")
+    generated = exported.generate(**prompt, max_new_tokens=4, do_sample=False)
+    assert tokenizer.decode(
+        generated[0, prompt.input_ids.shape[1] :], skip_special_tokens=True
+    ).startswith("86")
+
+
+def wait_for_step(status_path, step: int, process, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        assert process.poll() is None, "the run ended before the trainer was killed"
+        try:
+            if read_json(status_path)["step"] >= step:
+                return
+        except (FileNotFoundError, ValueError, KeyError):
+            pass
+        time.sleep(0.2)
+    raise AssertionError(f"the trainer did not reach step {step} in {timeout_s} s")
+
+
+def test_sigkilled_trainer_resumes_from_the_last_checkpoint(tmp_path):
+    run_dir = tmp_path / "run"
+    overrides = [
+        "trainer.total_steps=30",
+        "trainer.checkpoint_interval_steps=10",
+        "cluster.max_restarts=0",
+        "observe.audit_sample_ids=true",
+        "spool.keep_consumed=true",
+        "rollout.eval_interval_steps=0",
+    ]
+    command = [
+        sys.executable,
+        "-m",
+        "relax_hpc.submit",
+        "+experiment=grpo_tiny",
+        "cluster=local",
+        f"run_dir={run_dir}",
+        *overrides,
+    ]
+    first = subprocess.Popen(
+        command,
+        cwd=REPO,
+        env=submit_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    paths = RunPaths(run_dir)
+    wait_for_step(paths.status_dir / "trainer.json", 15, first, timeout_s=600)
+    trainer_pid = read_json(paths.rendezvous_dir / "trainer.json")["pid"]
+    os.kill(trainer_pid, signal.SIGKILL)  # no warning, no final checkpoint
+    _, stderr = first.communicate(timeout=300)
+    assert first.returncode != 0 and "trainer[0] exited with -9" in stderr
+
+    second = submit(run_dir, "resume=auto", timeout_s=600)
+    assert second.returncode == 0, failure_report(second, run_dir)
+    log = paths.task_log("trainer", 0).read_text()
+    assert "resumed from" in log and "step 10)" in log
+    surviving = read_json(paths.status_dir / "consumed_sample_ids.json")
+    assert len(surviving) == 30
+    consumed_dir = paths.spool_dir / "consumed"
+    published = {
+        s.sample_id for shard in consumed_dir.iterdir() for g in read_shard(shard)[1] for s in g
+    }
+    assert published, "keep_consumed should retain the consumed shards"
+    assert not check_exactly_once(published | {s for step in surviving for s in step}, surviving)
