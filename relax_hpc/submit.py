@@ -26,7 +26,7 @@ from relax_hpc.launch.sbatch import render_sbatch
 from relax_hpc.paths import RunPaths, atomic_write_text
 
 USAGE = """\
-usage: python -m relax_hpc.submit +experiment=NAME [key=value ...]
+usage: python -m relax_hpc.submit [+experiment=NAME] [key=value ...]
 
 Composes configs/ with the experiment and overrides (Hydra syntax), validates the result,
 creates the run directory and launches the job (cluster=local|slurm|auto).
@@ -37,10 +37,22 @@ creates the run directory and launches the job (cluster=local|slurm|auto).
   run_dir=PATH        use (or resume) this run directory
   cluster=slurm       submit to Slurm; cluster=local runs the roles as local processes
 
-Experiments: see configs/experiment/. Exit codes: 0 ok, 2 configuration error.
+Experiments: see configs/experiment/ (default: grpo_tiny). Exit codes: 0 ok, 2 configuration error.
 """
 
 EXIT_CONFIG_ERROR = 2
+DEFAULT_EXPERIMENT = "grpo_tiny"  # the embedded default: trains on a laptop CPU in minutes
+
+
+def with_default_experiment(argv: list[str]) -> list[str]:
+    """Without an experiment, run the embedded default (said on stderr)."""
+    if any(arg.lstrip("+~").startswith("experiment=") for arg in argv):
+        return argv
+    print(
+        f"relax_hpc: no +experiment given; using the embedded default {DEFAULT_EXPERIMENT}",
+        file=sys.stderr,
+    )
+    return [f"+experiment={DEFAULT_EXPERIMENT}", *argv]
 
 
 def choose_run_dir(cfg: RunConfig, now: datetime | None = None) -> Path:
@@ -87,10 +99,12 @@ def launch(cfg: RunConfig, paths: RunPaths, plan: JobPlan, kind: str) -> int:
     """Hand the plan to the executor of ``kind``."""
     if kind == "local":
         from relax_hpc.launch.local import LocalExecutor
-        from relax_hpc.launch.summary import print_summary
+        from relax_hpc.launch.summary import ProgressReporter, print_summary
 
         print(f"relax_hpc: running {plan.name} locally; logs in {paths.logs_dir}", file=sys.stderr)
-        exit_code = LocalExecutor(plan, paths).run()
+        progress = ProgressReporter(paths, cfg.trainer.total_steps)
+        exit_code = LocalExecutor(plan, paths, on_tick=progress.tick).run()
+        progress.close()
         print_summary(paths, exit_code)
         return exit_code
     print(
@@ -107,7 +121,7 @@ def run(argv: list[str]) -> int:
         print(USAGE, end="")
         return 0
     try:
-        cfg, run_dir = prepare(argv)
+        cfg, run_dir = prepare(with_default_experiment(argv))
     except ConfigError as err:
         print(f"relax_hpc: config error: {err}", file=sys.stderr)
         return EXIT_CONFIG_ERROR

@@ -14,7 +14,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from relax_hpc.launch.plan import JobPlan, RolePlan
@@ -52,12 +52,14 @@ class LocalExecutor:
         base_env: Mapping[str, str] | None = None,
         poll_s: float = 0.2,
         stop_timeout_s: float = 120.0,
+        on_tick: Callable[[], None] = lambda: None,
     ) -> None:
         self.plan = plan
         self.paths = paths
         self.base_env = dict(os.environ if base_env is None else base_env)
         self.poll_s = poll_s
         self.stop_timeout_s = stop_timeout_s
+        self.on_tick = on_tick  # called every poll while the tasks run (progress line)
         self.tasks: list[Task] = []
         self.interrupted: str | None = None
 
@@ -122,6 +124,7 @@ class LocalExecutor:
             for task in self.tasks:
                 if task.exit_code is not None:
                     return task
+            self.on_tick()
             time.sleep(self.poll_s)
 
     def _stop_all(self, signum: int) -> None:

@@ -42,3 +42,56 @@ def summary_lines(paths: RunPaths, exit_code: int) -> list[str]:
 def print_summary(paths: RunPaths, exit_code: int) -> None:
     for line in summary_lines(paths, exit_code):
         print(f"relax_hpc: {line}", file=sys.stderr)
+
+
+class ProgressReporter:
+    """A console progress line with ETA, from the trainer's status file.
+
+    On a terminal the line is rewritten in place every ``interval_s``; in a log file one
+    line is written every ``log_interval_s``.
+    """
+
+    def __init__(self, paths: RunPaths, total_steps: int, stream=sys.stderr, clock=None) -> None:
+        import time
+
+        self.paths = paths
+        self.total_steps = total_steps
+        self.stream = stream
+        self.clock = clock or time.monotonic
+        self.tty = hasattr(stream, "isatty") and stream.isatty()
+        self.interval_s = 1.0 if self.tty else 30.0
+        self.last_print = -float("inf")
+        self.first: tuple[float, int] | None = None
+
+    def line(self) -> str | None:
+        status = _read(self.paths.status_dir / "trainer.json")
+        if not status:
+            return None
+        step, now = int(status["step"]), self.clock()
+        if self.first is None or step < self.first[1]:
+            self.first = (now, step)
+        rate = (step - self.first[1]) / (now - self.first[0]) if now > self.first[0] else 0.0
+        eta = f"{(self.total_steps - step) / rate:.0f} s" if rate > 0 else "?"
+        metrics = status.get("metrics", {})
+        evals = (_read(self.paths.status_dir / "eval.json") or {}).get("history", [])
+        accuracy = f" | eval {evals[-1]['accuracy']:.1%}" if evals else ""
+        width = 20
+        filled = int(width * step / max(self.total_steps, 1))
+        bar = "#" * filled + "." * (width - filled)
+        return (
+            f"[{bar}] step {step}/{self.total_steps} | reward {metrics.get('reward/mean', 0.0):.3f}"
+            f"{accuracy} | {rate:.2f} steps/s | ETA {eta}"
+        )
+
+    def tick(self) -> None:
+        if self.clock() - self.last_print < self.interval_s:
+            return
+        self.last_print = self.clock()
+        text = self.line()
+        if text is not None:
+            self.stream.write(f"\r{text}" if self.tty else f"relax_hpc: {text}\n")
+            self.stream.flush()
+
+    def close(self) -> None:
+        if self.tty and self.first is not None:
+            self.stream.write("\n")

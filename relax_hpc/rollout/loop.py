@@ -38,6 +38,7 @@ class RolloutSettings:
     max_staleness: int
     eval_interval_steps: int
     seed: int
+    colocated: bool = False  # sync mode: hand the devices to the trainer between batches
 
 
 class RolloutWorker:
@@ -80,6 +81,8 @@ class RolloutWorker:
                 groups = self.generate()
             with self.timer.phase("write_shard"):
                 self.write_shard(groups)
+            if self.s.colocated:
+                self.engine.release_memory()  # the trainer trains on these devices next
             self.log(groups)
         self.maybe_eval(final=True)
         return 0
@@ -96,6 +99,8 @@ class RolloutWorker:
         return [g for g in range(start, stop) if g % self.s.num_workers == self.s.worker]
 
     def generate(self) -> list[list[Sample]]:
+        if self.s.colocated:
+            self.engine.resume_memory()
         prompts = [(g, self._prompt(g)) for g in self.group_ids()]
         requests = [
             GenerationRequest(f"{g}/{j}", record.prompt_ids)

@@ -37,6 +37,10 @@ class EngineWeights:
         self.engine = engine
         self.load = module_loader(engine.model)
 
+    def _behind(self, min_version: int) -> bool:
+        current = self.receiver.current_policy_version
+        return current is None or current < min_version
+
     def join(self, should_stop) -> bool:
         """Join the trainer's weight sync; retried while the trainer is (re)starting.
 
@@ -58,6 +62,10 @@ class EngineWeights:
     def wait_for(self, min_version: int, should_stop) -> bool:
         while True:
             update = self.receiver.poll_for_update(self.load, wait_s=POLL_S)
+            if update is None and self._behind(min_version):
+                # Not admitted yet (the trainer admits at its next sync, which may need this
+                # very batch): the trainer's filesystem export breaks that circle.
+                update = self.receiver.load_latest_from_filesystem(self.load)
             if update is not None:
                 self.engine.policy_version = update.policy_version
                 log.info(

@@ -49,3 +49,14 @@ def failure_report(result: subprocess.CompletedProcess, run_dir: Path) -> str:
         else []
     )
     return f"exit {result.returncode}\n{result.stderr[-3000:]}\n" + "\n".join(tails)
+
+
+def scalars(folder: Path) -> dict[str, list[float]]:
+    """Every scalar series of one TensorBoard run, read back with TensorBoard's own reader."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    accumulator = EventAccumulator(str(folder), size_guidance={"scalars": 0})
+    accumulator.Reload()
+    return {
+        tag: [e.value for e in accumulator.Scalars(tag)] for tag in accumulator.Tags()["scalars"]
+    }

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from e2e_helpers import failure_report, submit
+from e2e_helpers import failure_report, scalars, submit
 
 from relax_hpc.config import ModelConfig
 from relax_hpc.models.build import build_causal_lm, build_tokenizer
@@ -71,3 +71,20 @@ def test_algorithm_runs_end_to_end(algo, tmp_path, teacher_dir):
     assert all(v == v for v in status["metrics"].values())  # no NaN reached the logs
     if algo == "ppo":
         assert "loss/critic" in status["metrics"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("mode", "staleness"), [("sync", 0), ("hybrid", 0), ("async", 2)])
+def test_each_mode_keeps_its_staleness_bound(mode, staleness, tmp_path):
+    result = submit(
+        tmp_path / "run",
+        f"mode={mode}",
+        f"max_staleness={staleness}",
+        *FAST,
+        "trainer.total_steps=4",
+        timeout_s=300,
+    )
+    assert result.returncode == 0, failure_report(result, tmp_path / "run")
+    series = scalars(RunPaths(tmp_path / "run").tensorboard_dir / "trainer")
+    assert len(series["staleness/max"]) == 4
+    assert max(series["staleness/max"]) <= staleness

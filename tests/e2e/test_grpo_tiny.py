@@ -10,8 +10,7 @@ import time
 
 import pytest
 import torch
-from e2e_helpers import REPO, eval_history, failure_report, submit, submit_env
-from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+from e2e_helpers import REPO, eval_history, failure_report, scalars, submit, submit_env
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from relax_hpc.paths import RunPaths, read_json
@@ -41,14 +40,6 @@ def test_grpo_tiny_visibly_learns(learned_run):
         "held-out greedy accuracy" in result.stderr
         and "exported Hugging Face model" in result.stderr
     )
-
-
-def scalars(folder) -> dict[str, list[float]]:
-    accumulator = EventAccumulator(str(folder), size_guidance={"scalars": 0})
-    accumulator.Reload()
-    return {
-        tag: [e.value for e in accumulator.Scalars(tag)] for tag in accumulator.Tags()["scalars"]
-    }
 
 
 def test_tensorboard_holds_the_scalars(learned_run):

@@ -16,7 +16,7 @@ QWEN = ["+experiment=grpo_qwen3", "dry_run=true"]
 BAD_CONFIGS = [
     pytest.param(TINY + ["trainer.lrr=1"], "trainer.lrr", id="unknown-key"),
     pytest.param(["model.name=???"] + TINY, "model.name", id="missing-required-value"),
-    pytest.param(["dry_run=true"], "name", id="missing-experiment"),
+    pytest.param(TINY + ["name=???"], "name", id="missing-run-name"),
     pytest.param(
         QWEN + ["trainer.parallel.data=2"], "trainer.parallel.data", id="parallel-product"
     ),
@@ -95,3 +95,10 @@ def test_a_real_process_prints_no_traceback():
     assert result.returncode == 2
     assert "Traceback" not in result.stderr
     assert "max_staleness" in result.stderr
+
+
+def test_without_an_experiment_the_embedded_default_runs(capsys):
+    assert submit.run(["dry_run=true"]) == 0
+    captured = capsys.readouterr()
+    assert "embedded default grpo_tiny" in captured.err
+    assert "job plan for 'grpo_tiny'" in captured.out

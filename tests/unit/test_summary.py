@@ -1,0 +1,64 @@
+"""The console progress line and the closing summary, from status files."""
+
+from __future__ import annotations
+
+import io
+
+from relax_hpc.launch.summary import ProgressReporter, summary_lines
+from relax_hpc.paths import RunPaths, atomic_write_json
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_progress_line_shows_rate_eta_and_eval(tmp_path):
+    paths = RunPaths(tmp_path).create()
+    clock, stream = Clock(), io.StringIO()
+    reporter = ProgressReporter(paths, total_steps=100, stream=stream, clock=clock)
+    assert reporter.line() is None  # nothing before the trainer's first status
+    atomic_write_json(
+        paths.status_dir / "trainer.json", {"step": 10, "metrics": {"reward/mean": 0.25}}
+    )
+    reporter.line()
+    clock.now = 10.0
+    atomic_write_json(
+        paths.status_dir / "trainer.json", {"step": 30, "metrics": {"reward/mean": 0.5}}
+    )
+    atomic_write_json(
+        paths.status_dir / "eval.json", {"history": [{"policy_version": 30, "accuracy": 0.42}]}
+    )
+    line = reporter.line()
+    assert "step 30/100" in line and "2.00 steps/s" in line and "ETA 35 s" in line
+    assert "eval 42.0%" in line and "reward 0.500" in line
+    reporter.tick()
+    assert stream.getvalue().startswith("relax_hpc: [")  # not a terminal: whole lines
+
+
+def test_summary_of_a_finished_run(tmp_path):
+    paths = RunPaths(tmp_path).create()
+    atomic_write_json(
+        paths.status_dir / "trainer_done.json", {"step": 60, "samples": 7680, "export_dir": "E"}
+    )
+    atomic_write_json(
+        paths.status_dir / "eval.json",
+        {
+            "history": [
+                {"policy_version": 0, "accuracy": 0.33},
+                {"policy_version": 60, "accuracy": 0.96},
+            ]
+        },
+    )
+    text = "\n".join(summary_lines(paths, 0))
+    assert "finished 60 steps" in text and "33.0%" in text and "96.0%" in text
+    assert "exported Hugging Face model: E" in text and "tensorboard --logdir" in text
+
+
+def test_summary_of_a_stopped_run_says_how_to_resume(tmp_path):
+    paths = RunPaths(tmp_path).create()
+    atomic_write_json(paths.status_dir / "trainer.json", {"step": 12, "metrics": {}})
+    assert any("resume with run_dir=" in line for line in summary_lines(paths, 75))
