@@ -70,6 +70,7 @@ def read_json(path: Path | str) -> Any:
 
 
 LOGS_SUBDIR = "logs"
+CANCEL_REQUEST_NAME = "control/cancel"  # run-dir-relative; the batch script checks it too
 BATCH_LOG_NAME = f"{LOGS_SUBDIR}/batch-%j.log"  # %j: Slurm's job id (the hetjob leader's)
 
 
@@ -114,7 +115,7 @@ class RunPaths:
     @property
     def cancel_request(self) -> Path:
         """Present when an operator asked for a clean stop (``relax_hpc.cancel``)."""
-        return self.control_dir / "cancel"
+        return self.root / CANCEL_REQUEST_NAME
 
     @property
     def events_dir(self) -> Path:

@@ -87,6 +87,7 @@ def prepare(overrides: list[str]) -> tuple[RunConfig, Path]:
 
 def write_run_directory(cfg: RunConfig, run_dir: Path, plan: JobPlan, script: str) -> RunPaths:
     paths = RunPaths(run_dir).create()
+    paths.cancel_request.unlink(missing_ok=True)  # a new submission resumes a cancelled run
     if not paths.resolved_config.is_file():
         stored = replace(cfg, run_dir=str(run_dir), dry_run=False, prepare_only=False)
         write_resolved_config(stored, paths.resolved_config)
@@ -107,13 +108,22 @@ def launch(cfg: RunConfig, paths: RunPaths, plan: JobPlan, kind: str) -> int:
         progress.close()
         print_summary(paths, exit_code)
         return exit_code
+    from submitit.core.utils import FailedJobError
+
+    from relax_hpc.launch.slurm import submit_script
+
+    try:
+        job_id = submit_script(paths, paths.sbatch_script.read_text())
+    except FailedJobError as err:
+        print(f"relax_hpc: sbatch refused {paths.sbatch_script}:\n{str(err).strip()}", file=sys.stderr)
+        return 1
+    print(f"relax_hpc: submitted Slurm job {job_id} for {paths.root}", file=sys.stderr)
     print(
-        f"relax_hpc: run directory prepared at {paths.root} (config.yaml, job.sbatch).\n"
-        "relax_hpc: submission to Slurm is not part of this version yet; submit it by hand "
-        f"with: sbatch {paths.sbatch_script}",
+        f"relax_hpc: watch it with: squeue -j {job_id}; sacct -j {job_id}; "
+        f"python -m relax_hpc.status {paths.root}; tensorboard --logdir {paths.tensorboard_dir}",
         file=sys.stderr,
     )
-    return 3
+    return 0
 
 
 def run(argv: list[str]) -> int:

@@ -69,7 +69,7 @@ class LocalExecutor:
         self._install_signal_forwarding()
         for restart_count in range(self.plan.max_restarts + 1):
             trainer_rc = self._run_once(restart_count)
-            if trainer_rc in (0, EXIT_CONFIG_ERROR) or self.interrupted:
+            if trainer_rc in (0, EXIT_CONFIG_ERROR) or self.interrupted or self._cancelled():
                 return trainer_rc
             print(
                 f"relax_hpc: trainer exited with {trainer_rc}; restart {restart_count + 1} of "
@@ -78,6 +78,9 @@ class LocalExecutor:
             )
         print(f"relax_hpc: giving up after {self.plan.max_restarts} restarts", file=sys.stderr)
         return 1
+
+    def _cancelled(self) -> bool:
+        return self.paths.cancel_request.exists()
 
     # --- one attempt ---------------------------------------------------------------------------
     def _run_once(self, restart_count: int) -> int:

@@ -12,7 +12,7 @@ import shlex
 from dataclasses import replace
 
 from relax_hpc.launch.plan import REQUEUE_EXIT_CODE, JobPlan, RolePlan
-from relax_hpc.paths import BATCH_LOG_NAME, task_log_name
+from relax_hpc.paths import BATCH_LOG_NAME, CANCEL_REQUEST_NAME, task_log_name
 
 ADVANCE_SIGNAL = "USR1"  # Slurm's warning before the time limit: checkpoint and requeue
 
@@ -179,6 +179,10 @@ done
 case "$trainer_rc" in
   0|2) exit "$trainer_rc" ;;
 esac
+if [ -e "$RELAX_HPC_RUN_DIR/{cancel_request}" ]; then
+  echo "relax_hpc: stopped on request (python -m relax_hpc.cancel); not requeueing"
+  exit 0
+fi
 if [ "$restarts" -ge {max_restarts} ]; then
   echo "relax_hpc: trainer exited with $trainer_rc after $restarts restarts; not requeueing" >&2
   exit 1
@@ -204,6 +208,10 @@ def _body(plan: JobPlan) -> list[str]:
         ]
     lines += [
         "",
-        _WAIT_AND_DECIDE.format(requeue_rc=REQUEUE_EXIT_CODE, max_restarts=plan.max_restarts),
+        _WAIT_AND_DECIDE.format(
+            requeue_rc=REQUEUE_EXIT_CODE,
+            max_restarts=plan.max_restarts,
+            cancel_request=CANCEL_REQUEST_NAME,
+        ),
     ]
     return lines

@@ -11,9 +11,7 @@ has a deadline.
 
 from __future__ import annotations
 
-import os
 import re
-import shutil
 import subprocess
 import time
 from collections.abc import Callable, Iterator
@@ -60,29 +58,6 @@ srun --het-group=0 --output={work_dir}/step0.out bash {work_dir}/report.sh &
 srun --het-group=1 --output={work_dir}/step1.out bash {work_dir}/report.sh &
 wait
 """
-
-
-def _cluster_unavailable_reason() -> str | None:
-    conf_path = os.environ.get("SLURM_CONF")
-    if not conf_path:
-        return (
-            "SLURM_CONF is not set: start the local cluster with `scripts/slurm_local.sh start` "
-            'and `eval "$(scripts/slurm_local.sh env)"`'
-        )
-    if shutil.which("sinfo") is None:
-        return "sinfo is not installed: run `scripts/slurm_local.sh start`"
-    try:
-        subprocess.run(["sinfo", "-h"], check=True, capture_output=True, timeout=COMMAND_TIMEOUT_S)
-    except (subprocess.SubprocessError, OSError) as error:
-        return f"sinfo does not answer with SLURM_CONF={conf_path}: {error}"
-    return None
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _require_cluster() -> None:
-    reason = _cluster_unavailable_reason()
-    if reason is not None:
-        pytest.skip(reason)
 
 
 def _run(args: list[str]) -> str:

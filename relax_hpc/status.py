@@ -1,0 +1,107 @@
+"""``python -m relax_hpc.status RUN_DIR``: what an operator wants to know about a run.
+
+Job and component states (Slurm, via sacct), restarts, trainer step and policy version,
+spool backlog, last metrics, last complete checkpoint, held-out accuracy. Reads only the
+run directory and Slurm's accounting; never touches the run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import sys
+import time
+from pathlib import Path
+
+from relax_hpc.checkpoint.store import latest_checkpoint
+from relax_hpc.paths import RunPaths, read_json
+from relax_hpc.spool import backlog
+
+SHOWN_METRICS = ("reward/mean", "reward/accuracy", "loss/actor", "staleness/mean", "actor/entropy")
+
+
+def _read(path: Path):
+    try:
+        return read_json(path)
+    except (FileNotFoundError, ValueError):
+        return None
+
+
+def job_lines(paths: RunPaths) -> list[str]:
+    job = _read(paths.job_file)
+    if job is None:
+        return ["job: not submitted to Slurm (local run or prepare_only)"]
+    if shutil.which("sacct") is None:
+        return [f"job: Slurm job {job['job_id']} (sacct not available here)"]
+    from relax_hpc.launch.slurm import job_state
+
+    state = job_state(str(job["job_id"]))
+    return [
+        f"job: Slurm job {job['job_id']} {state['State']} (components {state['Components']}; "
+        f"nodes {state['NodeList'] or '-'})"
+    ]
+
+
+def trainer_lines(paths: RunPaths) -> list[str]:
+    status = _read(paths.status_dir / "trainer.json")
+    if status is None:
+        return ["trainer: no step finished yet"]
+    age = time.time() - status.get("time", time.time())
+    metrics = status.get("metrics", {})
+    shown = ", ".join(f"{k} {metrics[k]:.4g}" for k in SHOWN_METRICS if k in metrics)
+    lines = [
+        f"trainer: step {status['step']} (policy_version {status.get('policy_version', status['step'])}), "
+        f"last update {age:.0f} s ago",
+        f"metrics: {shown}",
+    ]
+    if (paths.status_dir / "trainer_done.json").exists():
+        lines.append("trainer: finished")
+    return lines
+
+
+def other_lines(paths: RunPaths) -> list[str]:
+    lines = []
+    info = latest_checkpoint(paths)
+    lines.append(
+        f"checkpoint: step {info.step} at {info.path}" if info else "checkpoint: none complete yet"
+    )
+    if paths.spool_dir.is_dir():
+        ready = backlog(paths.spool_dir)
+        lines.append(
+            f"spool: {ready.num_ready_groups} groups / {ready.num_ready_samples} samples ready, "
+            f"oldest policy_version {ready.oldest_policy_version}"
+        )
+    evals = (_read(paths.status_dir / "eval.json") or {}).get("history", [])
+    if evals:
+        lines.append(
+            f"eval: held-out accuracy {evals[-1]['accuracy']:.1%} at policy_version "
+            f"{evals[-1]['policy_version']} (first {evals[0]['accuracy']:.1%})"
+        )
+    if paths.cancel_request.exists():
+        lines.append("control: cancel requested")
+    return lines
+
+
+def status_lines(run_dir: Path) -> list[str]:
+    paths = RunPaths(run_dir)
+    if not paths.resolved_config.is_file():
+        raise ValueError(f"{run_dir} is not a relax_hpc run directory (no config.yaml)")
+    return [f"run: {paths.root}", *job_lines(paths), *trainer_lines(paths), *other_lines(paths)]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m relax_hpc.status", description=__doc__.splitlines()[0]
+    )
+    parser.add_argument("run_dir", type=Path)
+    args = parser.parse_args(argv)
+    try:
+        print("\n".join(status_lines(args.run_dir)))
+    except ValueError as err:
+        print(f"relax_hpc status: {err}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
