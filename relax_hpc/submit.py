@@ -115,7 +115,9 @@ def launch(cfg: RunConfig, paths: RunPaths, plan: JobPlan, kind: str) -> int:
     try:
         job_id = submit_script(paths, paths.sbatch_script.read_text())
     except FailedJobError as err:
-        print(f"relax_hpc: sbatch refused {paths.sbatch_script}:\n{str(err).strip()}", file=sys.stderr)
+        print(
+            f"relax_hpc: sbatch refused {paths.sbatch_script}:\n{str(err).strip()}", file=sys.stderr
+        )
         return 1
     print(f"relax_hpc: submitted Slurm job {job_id} for {paths.root}", file=sys.stderr)
     print(

@@ -47,7 +47,7 @@ class RolloutWorker:
         settings: RolloutSettings,
         engine: Engine,
         sampler: PromptSampler,
-        score: Callable[[Completion, object], tuple[float, dict]],
+        score: Callable[[list[tuple[Completion, object]]], list[tuple[float, dict]]],
         writer: ShardWriter,
         weights,  # .wait_for(min_version, should_stop) -> bool; .refresh()
         params: SamplingParams,
@@ -107,15 +107,16 @@ class RolloutWorker:
             for g, (_, record) in prompts
             for j in range(self.s.n_samples_per_prompt)
         ]
-        completions = iter(self.engine.generate(requests, self.params))
-        groups = []
-        for g, (data_index, record) in prompts:
-            group = [
-                self._sample(g, data_index, record, next(completions))
-                for _ in range(self.s.n_samples_per_prompt)
-            ]
-            groups.append(group)
-        return groups
+        completions = self.engine.generate(requests, self.params)
+        n = self.s.n_samples_per_prompt
+        records = [record for _, (_, record) in prompts for _ in range(n)]
+        with self.timer.phase("score"):
+            scores = self.score(list(zip(completions, records, strict=True)))
+        samples = iter(zip(completions, scores, strict=True))
+        return [
+            [self._sample(g, data_index, *next(samples)) for _ in range(n)]
+            for g, (data_index, _) in prompts
+        ]
 
     def write_shard(self, groups: list[list[Sample]]) -> None:
         if groups:
@@ -162,8 +163,10 @@ class RolloutWorker:
         self.sampler.load_state_dict(state)
         return next(self.sampler)
 
-    def _sample(self, g: int, data_index: int, record, completion: Completion) -> Sample:
-        reward, details = self.score(completion, record)
+    def _sample(
+        self, g: int, data_index: int, completion: Completion, scored: tuple[float, dict]
+    ) -> Sample:
+        reward, details = scored
         response = np.asarray(completion.token_ids, dtype=np.int32)
         return Sample(
             sample_id=completion.sample_id,

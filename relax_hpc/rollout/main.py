@@ -87,14 +87,18 @@ def build_engine(cfg: RunConfig, device: torch.device) -> tuple[TransformersEngi
 
 
 def make_scorer(cfg: RunConfig):
+    """Scores a batch of (completion, record) pairs in one round trip to the reward process."""
     reward = build_reward(cfg.rollout.reward, timeout_s=cfg.rollout.reward_timeout_s)
 
-    def score(completion, record) -> tuple[float, dict]:
-        result = reward(completion.text, record)
-        details = dict(result.details)
-        if result.failed:
-            details["failed"] = result.failed
-        return result.score, details
+    def score(pairs) -> list[tuple[float, dict]]:
+        results = reward.score([(c.text, r.answer, r.metadata) for c, r in pairs])
+        scored = []
+        for result in results:
+            details = dict(result.details)
+            if result.failed:
+                details["failed"] = result.failed
+            scored.append((result.score, details))
+        return scored
 
     return score
 
@@ -112,9 +116,8 @@ def make_evaluator(
     def evaluate(policy_version: int) -> dict[str, float]:
         requests = [GenerationRequest(f"eval/{i}", r.prompt_ids) for i, r in enumerate(records)]
         completions = engine.generate(requests, params)
-        accuracy = sum(
-            score(c, r)[0] > 0.5 for c, r in zip(completions, records, strict=True)
-        ) / max(len(records), 1)
+        scores = score(list(zip(completions, records, strict=True)))
+        accuracy = sum(value > 0.5 for value, _ in scores) / max(len(records), 1)
         history.append(
             {"policy_version": policy_version, "accuracy": accuracy, "time": time.time()}
         )
