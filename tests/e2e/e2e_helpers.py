@@ -18,9 +18,9 @@ def submit_env() -> dict[str, str]:
     return env
 
 
-def submit(run_dir: Path, *overrides: str, timeout_s: float = 600) -> subprocess.CompletedProcess:
-    """``python -m relax_hpc.submit +experiment=grpo_tiny cluster=local ...`` in a subprocess."""
-    command = [
+def submit_command(run_dir: Path, *overrides: str) -> list[str]:
+    """``python -m relax_hpc.submit +experiment=grpo_tiny cluster=local run_dir=... ...``."""
+    return [
         sys.executable,
         "-m",
         "relax_hpc.submit",
@@ -29,6 +29,10 @@ def submit(run_dir: Path, *overrides: str, timeout_s: float = 600) -> subprocess
         f"run_dir={run_dir}",
         *overrides,
     ]
+
+
+def submit(run_dir: Path, *overrides: str, timeout_s: float = 600) -> subprocess.CompletedProcess:
+    command = submit_command(run_dir, *overrides)
     return subprocess.run(
         command, capture_output=True, text=True, timeout=timeout_s, cwd=REPO, env=submit_env()
     )

@@ -5,25 +5,11 @@ from __future__ import annotations
 import pytest
 from e2e_helpers import failure_report, scalars, submit
 
-from relax_hpc.config import ModelConfig
+from relax_hpc.algo.config import ALGORITHM_NAMES
+from relax_hpc.config.compose import compose_run_config
 from relax_hpc.models.build import build_causal_lm, build_tokenizer
 from relax_hpc.paths import RunPaths, read_json
 
-TINY = ModelConfig(
-    name="teacher",
-    architecture="Qwen3ForCausalLM",
-    tokenizer="char",
-    arch={
-        "hidden_size": 64,
-        "intermediate_size": 256,
-        "num_hidden_layers": 2,
-        "num_attention_heads": 4,
-        "num_key_value_heads": 4,
-        "head_dim": 16,
-        "max_position_embeddings": 128,
-        "tie_word_embeddings": True,
-    },
-)
 FAST = [
     "model.warm_start=false",
     "trainer.total_steps=2",
@@ -37,29 +23,15 @@ FAST = [
 @pytest.fixture(scope="module")
 def teacher_dir(tmp_path_factory):
     folder = tmp_path_factory.mktemp("teacher")
-    tokenizer = build_tokenizer(TINY)
-    build_causal_lm(TINY, tokenizer, seed=5).save_pretrained(folder)
+    tiny = compose_run_config(["+experiment=grpo_tiny"]).model  # a random model of that shape
+    tokenizer = build_tokenizer(tiny)
+    build_causal_lm(tiny, tokenizer, seed=5).save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     return folder
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(
-    "algo",
-    [
-        "ppo",
-        "grpo",
-        "dr_grpo",
-        "rloo",
-        "reinforce_pp",
-        "reinforce_pp_baseline",
-        "gspo",
-        "sapo",
-        "cispo",
-        "m2po",
-        "opd",
-    ],
-)
+@pytest.mark.parametrize("algo", ALGORITHM_NAMES)
 def test_algorithm_runs_end_to_end(algo, tmp_path, teacher_dir):
     extra = [f"model.teacher_path={teacher_dir}"] if algo == "opd" else []
     if algo == "ppo":

@@ -10,7 +10,15 @@ import time
 
 import pytest
 import torch
-from e2e_helpers import REPO, eval_history, failure_report, scalars, submit, submit_env
+from e2e_helpers import (
+    REPO,
+    eval_history,
+    failure_report,
+    scalars,
+    submit,
+    submit_command,
+    submit_env,
+)
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from relax_hpc.paths import RunPaths, read_json
@@ -143,15 +151,7 @@ def test_sigkilled_trainer_resumes_from_the_last_checkpoint(tmp_path):
         "spool.keep_consumed=true",
         "rollout.eval_interval_steps=0",
     ]
-    command = [
-        sys.executable,
-        "-m",
-        "relax_hpc.submit",
-        "+experiment=grpo_tiny",
-        "cluster=local",
-        f"run_dir={run_dir}",
-        *overrides,
-    ]
+    command = submit_command(run_dir, *overrides)
     first = subprocess.Popen(
         command,
         cwd=REPO,
