@@ -92,6 +92,8 @@ class LocalExecutor:
         first = self._wait_for_first_exit()
         if first.exit_code not in (0, 75) and not self.interrupted:
             self._report_crash(first)
+        elif first.exit_code == 0:
+            self._wait_for_role(first.role)  # like an srun step: it ends when all its tasks end
         self._stop_all(signal.SIGTERM)
         return self._exit_code_of("trainer")
 
@@ -128,6 +130,13 @@ class LocalExecutor:
                 if task.exit_code is not None:
                     return task
             self.on_tick()
+            time.sleep(self.poll_s)
+
+    def _wait_for_role(self, role: str) -> None:
+        deadline = time.monotonic() + self.stop_timeout_s
+        while time.monotonic() < deadline:
+            if all(t.exit_code is not None for t in self.tasks if t.role == role):
+                return
             time.sleep(self.poll_s)
 
     def _stop_all(self, signum: int) -> None:

@@ -150,8 +150,10 @@ def run_trainer(cfg: RunConfig, paths: RunPaths, identity: TaskIdentity) -> int:
     )
     _resume_or_publish_initial(cfg, paths, store, trainer, nets, reader, publish_weights)
     exit_code = trainer.run()
-    if exit_code == 0 and leader:
-        _finish(paths, nets, tokenizer, trainer, identity.world_size)
+    if exit_code == 0:
+        weights = full_policy_weights(nets.policy.network, identity.world_size)  # collective
+        if leader:
+            _finish(paths, nets, tokenizer, trainer, weights)
     metrics.close()
     if sender is not None:
         sender.close()
@@ -203,12 +205,12 @@ def _resume_or_publish_initial(cfg, paths, store, trainer, nets, reader, publish
     publish_weights(trainer.progress.policy_version)
 
 
-def _finish(paths: RunPaths, nets: Networks, tokenizer, trainer: Trainer, world_size: int) -> None:
+def _finish(paths: RunPaths, nets: Networks, tokenizer, trainer: Trainer, weights) -> None:
     """Export the final policy as a Hugging Face folder and mark the run finished."""
-    network = nets.policy.network
-    if world_size == 1:
-        network.save_pretrained(paths.export_dir, safe_serialization=True)
-        tokenizer.save_pretrained(paths.export_dir)
+    nets.policy.network.save_pretrained(
+        paths.export_dir, state_dict=weights, safe_serialization=True
+    )
+    tokenizer.save_pretrained(paths.export_dir)
     summary = {
         "step": trainer.progress.step,
         "samples": trainer.progress.samples,

@@ -60,3 +60,20 @@ def test_each_mode_keeps_its_staleness_bound(mode, staleness, tmp_path):
     series = scalars(RunPaths(tmp_path / "run").tensorboard_dir / "trainer")
     assert len(series["staleness/max"]) == 4
     assert max(series["staleness/max"]) <= staleness
+
+
+@pytest.mark.slow
+def test_two_data_parallel_trainer_ranks_train_and_export(tmp_path):
+    """FSDP2 over gloo across two trainer processes (the local analogue of 2 tasks/node)."""
+    run_dir = tmp_path / "run"
+    result = submit(
+        run_dir, *FAST, "trainer.processes_per_node=2", "trainer.total_steps=3", timeout_s=300
+    )
+    assert result.returncode == 0, failure_report(result, run_dir)
+    paths = RunPaths(run_dir)
+    for rank in (0, 1):
+        assert "step 3/3" in paths.task_log("trainer", rank).read_text()
+    from transformers import AutoModelForCausalLM
+
+    exported = AutoModelForCausalLM.from_pretrained(paths.export_dir)
+    assert sum(p.numel() for p in exported.parameters()) > 100_000
