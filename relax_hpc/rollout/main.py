@@ -23,7 +23,12 @@ from relax_hpc.rollout.loop import RolloutSettings, RolloutWorker
 from relax_hpc.rollout.rewards import build_reward
 from relax_hpc.runtime import TaskIdentity
 from relax_hpc.spool import ShardWriter
-from relax_hpc.weightsync import WeightReceiver, WeightSyncError, module_loader
+from relax_hpc.weightsync import (
+    WeightReceiver,
+    WeightSyncError,
+    WeightSyncRefused,
+    module_loader,
+)
 
 log = logging.getLogger(__name__)
 POLL_S = 0.5
@@ -61,7 +66,17 @@ class EngineWeights:
 
     def wait_for(self, min_version: int, should_stop) -> bool:
         while True:
-            update = self.receiver.poll_for_update(self.load, wait_s=POLL_S)
+            try:
+                update = self.receiver.poll_for_update(self.load, wait_s=POLL_S)
+            except WeightSyncRefused:
+                raise  # a wrong token is not fixed by retrying
+            except (OSError, RuntimeError) as err:  # the trainer's store went away
+                if should_stop():
+                    return False  # it finished: nothing more to generate
+                log.warning("rollout: lost the trainer (%s); joining it again", err)
+                if not self.join(should_stop):
+                    return False
+                continue
             if update is None and self._behind(min_version):
                 # Not admitted yet (the trainer admits at its next sync, which may need this
                 # very batch): the trainer's filesystem export breaks that circle.

@@ -19,6 +19,8 @@ TRAINER = textwrap.dedent(
     import os, pathlib, signal, sys, time
     run = pathlib.Path(sys.argv[1])
     restart = os.environ["RELAX_HPC_RESTART_COUNT"]
+    while not (run / f"rollout-ready-{restart}").exists():  # its SIGTERM handler is installed
+        time.sleep(0.01)
     (run / f"trainer-start-{restart}").write_text(os.environ["RELAX_HPC_RANK"])
     print("trainer log line for attempt", restart, flush=True)
     behaviour = (run / "behaviour").read_text().split()
@@ -36,12 +38,13 @@ TRAINER = textwrap.dedent(
 )
 ROLLOUT = textwrap.dedent(
     """
-    import pathlib, signal, sys, time
+    import os, pathlib, signal, sys, time
     run = pathlib.Path(sys.argv[1])
     def stop(signum, frame):
         (run / "rollout-stopped").write_text("")
         sys.exit(0)
     signal.signal(signal.SIGTERM, stop)
+    (run / f"rollout-ready-{os.environ['RELAX_HPC_RESTART_COUNT']}").write_text("")
     time.sleep(60)
     """
 )
