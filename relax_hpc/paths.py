@@ -71,6 +71,8 @@ def read_json(path: Path | str) -> Any:
 
 LOGS_SUBDIR = "logs"
 CANCEL_REQUEST_NAME = "control/cancel"  # run-dir-relative; the batch script checks it too
+# Written by the trainer after its final checkpoint and export: the run is complete.
+TRAINER_DONE_NAME = "status/trainer_done.json"
 BATCH_LOG_NAME = f"{LOGS_SUBDIR}/batch-%j.log"  # %j: Slurm's job id (the hetjob leader's)
 
 
@@ -134,6 +136,10 @@ class RunPaths:
     @property
     def tensorboard_dir(self) -> Path:
         return self.root / "tensorboard"
+
+    @property
+    def trainer_done(self) -> Path:
+        return self.root / TRAINER_DONE_NAME
 
     @property
     def status_dir(self) -> Path:

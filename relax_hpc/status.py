@@ -54,7 +54,7 @@ def trainer_lines(paths: RunPaths) -> list[str]:
         f"last update {age:.0f} s ago",
         f"metrics: {shown}",
     ]
-    if (paths.status_dir / "trainer_done.json").exists():
+    if paths.trainer_done.exists():
         lines.append("trainer: finished")
     return lines
 

@@ -95,6 +95,8 @@ class LocalExecutor:
         elif first.exit_code == 0:
             self._wait_for_role(first.role)  # like an srun step: it ends when all its tasks end
         self._stop_all(signal.SIGTERM)
+        if self.paths.trainer_done.exists():
+            return 0  # complete (final checkpoint and export written), whatever ended last
         return self._exit_code_of("trainer")
 
     def _start(self, role: RolePlan, rank: int, restart_count: int) -> Task:

@@ -12,7 +12,7 @@ import shlex
 from dataclasses import replace
 
 from relax_hpc.launch.plan import REQUEUE_EXIT_CODE, JobPlan, RolePlan
-from relax_hpc.paths import BATCH_LOG_NAME, CANCEL_REQUEST_NAME, task_log_name
+from relax_hpc.paths import BATCH_LOG_NAME, CANCEL_REQUEST_NAME, TRAINER_DONE_NAME, task_log_name
 
 ADVANCE_SIGNAL = "USR1"  # Slurm's warning before the time limit: checkpoint and requeue
 
@@ -176,6 +176,10 @@ done
 # 0: training finished. 2: a configuration error, which a restart cannot fix.
 # {requeue_rc}: checkpointed on a signal or cancel request. Anything else: a crash; resume
 # from the last complete checkpoint. Restarts are bounded by cluster.max_restarts.
+if [ -e "$RELAX_HPC_RUN_DIR/{trainer_done}" ]; then
+  echo "relax_hpc: training complete (final checkpoint and export written)"
+  exit 0
+fi
 case "$trainer_rc" in
   0|2) exit "$trainer_rc" ;;
 esac
@@ -212,6 +216,7 @@ def _body(plan: JobPlan) -> list[str]:
             requeue_rc=REQUEUE_EXIT_CODE,
             max_restarts=plan.max_restarts,
             cancel_request=CANCEL_REQUEST_NAME,
+            trainer_done=TRAINER_DONE_NAME,
         ),
     ]
     return lines

@@ -16,7 +16,7 @@ def _read(path):
 
 def summary_lines(paths: RunPaths, exit_code: int) -> list[str]:
     lines = []
-    done = _read(paths.status_dir / "trainer_done.json")
+    done = _read(paths.trainer_done)
     trainer = _read(paths.status_dir / "trainer.json")
     evals = (_read(paths.status_dir / "eval.json") or {}).get("history", [])
     if done:

@@ -73,10 +73,8 @@ class EngineWeights:
             except (OSError, RuntimeError) as err:  # the trainer's store went away
                 if should_stop():
                     return False  # it finished: nothing more to generate
-                log.warning("rollout: lost the trainer (%s); joining it again", err)
-                if not self.join(should_stop):
-                    return False
-                continue
+                # Launchers restart the whole job when the trainer dies; so does this step.
+                raise RuntimeError(f"rollout: lost the trainer's weight-sync store: {err}") from err
             if update is None and self._behind(min_version):
                 # Not admitted yet (the trainer admits at its next sync, which may need this
                 # very batch): the trainer's filesystem export breaks that circle.
@@ -150,7 +148,7 @@ def run_rollout(cfg: RunConfig, paths: RunPaths, identity: TaskIdentity) -> int:
     torch.set_num_threads(cfg.rollout.torch_threads)
     device = torch.device("cuda" if cfg.rollout.gpus_per_node else "cpu")
     stop = StopFlag(cancel_request=None).install()
-    trainer_done = paths.status_dir / "trainer_done.json"
+    trainer_done = paths.trainer_done
 
     def should_stop() -> bool:
         return stop.local_request() or trainer_done.exists()

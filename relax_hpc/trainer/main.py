@@ -106,6 +106,8 @@ def run_trainer(cfg: RunConfig, paths: RunPaths, identity: TaskIdentity) -> int:
     )
     stop = StopFlag(cancel_request=paths.cancel_request).install()
     leader = identity.rank == 0
+    if leader:
+        paths.trainer_done.unlink(missing_ok=True)  # from an earlier completion of this run
     sender = WeightSender(paths, cfg.weightsync, device) if leader else None
     if sender is not None:
         sender.start()  # before the model is built: rollout engines can register meanwhile
@@ -221,7 +223,7 @@ def _finish(paths: RunPaths, nets: Networks, tokenizer, trainer: Trainer, weight
         atomic_write_json(
             paths.status_dir / "consumed_sample_ids.json", trainer.progress.sample_ids
         )
-    atomic_write_json(paths.status_dir / "trainer_done.json", summary)
+    atomic_write_json(paths.trainer_done, summary)
 
 
 def _barrier(identity: TaskIdentity):
