@@ -124,6 +124,25 @@ class RunPaths:
         """One JSON file per lifecycle event (started, preempted, ...), read by alerts/status."""
         return self.root / "events"
 
+    @property
+    def secrets_dir(self) -> Path:
+        """Mode 0700: alert URLs given in the config, kept out of config.yaml and logs."""
+        return self.root / "secrets"
+
+    @property
+    def alert_urls_file(self) -> Path:
+        return self.secrets_dir / "alert_urls"
+
+    @property
+    def alert_state(self) -> Path:
+        """What the alert rate limiter and the run watcher have already sent."""
+        return self.status_dir / "alerts.json"
+
+    @property
+    def cost_ledger(self) -> Path:
+        """Attempts of the job (start, last seen): elapsed time, restarts and device-hours."""
+        return self.status_dir / "cost.json"
+
     # --- logs and metrics --------------------------------------------------------------------
     @property
     def logs_dir(self) -> Path:
@@ -190,7 +209,9 @@ class RunPaths:
             self.rendezvous_dir,
             self.weights_dir,
             self.checkpoints_dir,
+            self.secrets_dir,
         ):
             folder.mkdir(parents=True, exist_ok=True)
         os.chmod(self.rendezvous_dir, 0o700)  # holds the per-run weight-sync token
+        os.chmod(self.secrets_dir, 0o700)  # holds alert URLs (passwords, webhook tokens)
         return self

@@ -1,7 +1,8 @@
 """``python -m relax_hpc.status RUN_DIR``: what an operator wants to know about a run.
 
-Job and component states (Slurm, via sacct), restarts, trainer step and policy version,
-spool backlog, last metrics, last complete checkpoint, held-out accuracy. Reads only the
+Job and component states (Slurm, via sacct), starts and restarts, device-hours so far,
+trainer step and policy version, spool backlog, last metrics, last complete checkpoint,
+held-out accuracy. Reads only the
 run directory and Slurm's accounting; never touches the run.
 """
 
@@ -14,6 +15,7 @@ import time
 from pathlib import Path
 
 from relax_hpc.checkpoint.store import latest_checkpoint
+from relax_hpc.observe.cost import CostLedger, cost_so_far, describe_cost
 from relax_hpc.paths import RunPaths, read_json
 from relax_hpc.spool import backlog
 
@@ -82,11 +84,31 @@ def other_lines(paths: RunPaths) -> list[str]:
     return lines
 
 
+def attempt_lines(paths: RunPaths) -> list[str]:
+    """Starts and restarts of the job and its device-hours (from the watcher's ledger)."""
+    ledger = CostLedger(paths.cost_ledger)
+    attempts = ledger.attempts()
+    if not attempts:
+        return ["starts: none recorded yet"]
+    running = not paths.trainer_done.exists()
+    return [
+        f"starts: {len(attempts)} (restarts {ledger.restarts()}), elapsed "
+        f"{ledger.elapsed_s() / 60:.1f} min, last start {time.ctime(attempts[-1]['start_s'])}",
+        describe_cost(cost_so_far(paths, running=running)),
+    ]
+
+
 def status_lines(run_dir: Path) -> list[str]:
     paths = RunPaths(run_dir)
     if not paths.resolved_config.is_file():
         raise ValueError(f"{run_dir} is not a relax_hpc run directory (no config.yaml)")
-    return [f"run: {paths.root}", *job_lines(paths), *trainer_lines(paths), *other_lines(paths)]
+    return [
+        f"run: {paths.root}",
+        *job_lines(paths),
+        *attempt_lines(paths),
+        *trainer_lines(paths),
+        *other_lines(paths),
+    ]
 
 
 def main(argv: list[str] | None = None) -> int:

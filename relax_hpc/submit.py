@@ -23,6 +23,7 @@ from relax_hpc.config import (
 from relax_hpc.launch.cluster import resolve_cluster_kind
 from relax_hpc.launch.plan import JobPlan, build_job_plan, describe_plan
 from relax_hpc.launch.sbatch import render_sbatch
+from relax_hpc.observe.alerts import move_urls_to_secrets
 from relax_hpc.paths import RunPaths, atomic_write_text
 
 USAGE = """\
@@ -89,7 +90,14 @@ def write_run_directory(cfg: RunConfig, run_dir: Path, plan: JobPlan, script: st
     paths = RunPaths(run_dir).create()
     paths.cancel_request.unlink(missing_ok=True)  # a new submission resumes a cancelled run
     if not paths.resolved_config.is_file():
-        stored = replace(cfg, run_dir=str(run_dir), dry_run=False, prepare_only=False)
+        alerts = move_urls_to_secrets(cfg.observe.alerts, paths)  # secrets stay out of config.yaml
+        stored = replace(
+            cfg,
+            run_dir=str(run_dir),
+            dry_run=False,
+            prepare_only=False,
+            observe=replace(cfg.observe, alerts=alerts),
+        )
         write_resolved_config(stored, paths.resolved_config)
     atomic_write_text(paths.job_plan, plan.to_json() + "\n")
     atomic_write_text(paths.sbatch_script, script, mode=0o755)
@@ -120,12 +128,23 @@ def launch(cfg: RunConfig, paths: RunPaths, plan: JobPlan, kind: str) -> int:
         )
         return 1
     print(f"relax_hpc: submitted Slurm job {job_id} for {paths.root}", file=sys.stderr)
+    alert_submitted(cfg, paths, job_id)
     print(
         f"relax_hpc: watch it with: squeue -j {job_id}; sacct -j {job_id}; "
         f"python -m relax_hpc.status {paths.root}; tensorboard --logdir {paths.tensorboard_dir}",
         file=sys.stderr,
     )
     return 0
+
+
+def alert_submitted(cfg: RunConfig, paths: RunPaths, job_id: str) -> None:
+    """The ``submitted`` alert, delivered before this command returns (bounded)."""
+    from relax_hpc.observe.alerts import Alert, build_notifier
+
+    notifier = build_notifier(cfg.observe.alerts, paths)
+    body = f"Slurm job {job_id}\nRun directory: {paths.root}\n"
+    notifier.send(Alert("submitted", f"relax_hpc {cfg.name}: submitted (job {job_id})", body))
+    notifier.close()
 
 
 def run(argv: list[str]) -> int:

@@ -23,3 +23,118 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+class SmtpSink:
+    """A real SMTP server (aiosmtpd) on loopback that requires AUTH with one password."""
+
+    def __init__(self) -> None:
+        import secrets
+
+        self.user = "relax-ops"
+        self.password = f"smtp-pw-{secrets.token_hex(8)}"
+        self.messages: list = []
+
+    def start(self) -> SmtpSink:
+        import email
+        import socket
+
+        from aiosmtpd.controller import Controller
+        from aiosmtpd.smtp import AuthResult
+
+        sink = self
+
+        class Handler:
+            async def handle_DATA(self, server, session, envelope):
+                sink.messages.append(email.message_from_bytes(envelope.original_content))
+                return "250 OK"
+
+        def authenticate(server, session, envelope, mechanism, auth_data):
+            ok = (
+                auth_data.login == sink.user.encode()
+                and auth_data.password == sink.password.encode()
+            )
+            return AuthResult(success=ok)
+
+        with socket.socket() as probe:  # aiosmtpd needs a concrete port to test-connect to
+            probe.bind(("127.0.0.1", 0))
+            self.port = probe.getsockname()[1]
+        self.controller = Controller(
+            Handler(),
+            hostname="127.0.0.1",
+            port=self.port,
+            auth_require_tls=False,
+            authenticator=authenticate,
+        )
+        self.controller.start()
+        return self
+
+    @property
+    def url(self) -> str:
+        return (
+            f"mailto://{self.user}:{self.password}@127.0.0.1:{self.port}"
+            "?from=relax@example.test&to=ops@example.test&mode=insecure"
+        )
+
+    def subjects(self) -> list[str]:
+        return [str(m["Subject"]) for m in self.messages]
+
+    def body(self, subject_part: str) -> str:
+        message = next(m for m in self.messages if subject_part in str(m["Subject"]))
+        part = next(p for p in message.walk() if p.get_content_type() == "text/plain")
+        return part.get_payload(decode=True).decode()
+
+
+class WebhookSink:
+    """A JSON webhook endpoint on loopback (what Apprise's json:// posts to)."""
+
+    def __init__(self) -> None:
+        import secrets
+
+        self.token = f"hook-token-{secrets.token_hex(8)}"
+        self.posts: list[tuple[dict, dict]] = []  # (headers, JSON body)
+
+    def start(self) -> WebhookSink:
+        import json
+        import threading
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        sink = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self):
+                body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                sink.posts.append((dict(self.headers), json.loads(body)))
+                self.send_response(200)
+                self.end_headers()
+
+            def log_message(self, *args):
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        return self
+
+    @property
+    def url(self) -> str:
+        return f"json://127.0.0.1:{self.server.server_port}/relax-hook?+X-Relax-Token={self.token}"
+
+    def titles(self) -> list[str]:
+        return [body["title"] for _, body in self.posts]
+
+    def stop(self) -> None:
+        self.server.shutdown()
+
+
+@pytest.fixture(scope="module")
+def smtp_sink():
+    sink = SmtpSink().start()
+    yield sink
+    sink.controller.stop()
+
+
+@pytest.fixture(scope="module")
+def webhook_sink():
+    sink = WebhookSink().start()
+    yield sink
+    sink.stop()

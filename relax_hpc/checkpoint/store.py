@@ -19,8 +19,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import torch.distributed.checkpoint as dcp
-
 from relax_hpc.paths import RunPaths, atomic_write_json, fsync_dir, read_json
 
 COMPLETE_MARKER = "COMPLETE"
@@ -85,6 +83,8 @@ class CheckpointStore:
             shutil.rmtree(partial, ignore_errors=True)  # a crashed earlier attempt
             partial.mkdir(parents=True)
         self.barrier()
+        import torch.distributed.checkpoint as dcp  # lazily: status and alerts list without torch
+
         dcp.save(state, checkpoint_id=str(partial))
         self.barrier()
         if self.rank == 0:
@@ -99,6 +99,8 @@ class CheckpointStore:
 
     def load(self, info: CheckpointInfo, state: dict[str, Any]) -> None:
         """Load ``info`` into ``state`` in place (Stateful objects get load_state_dict)."""
+        import torch.distributed.checkpoint as dcp
+
         dcp.load(state, checkpoint_id=str(info.path))
 
     def _apply_retention(self) -> None:

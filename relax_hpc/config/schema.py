@@ -141,11 +141,46 @@ class ClusterConfig:
     extra_sbatch: dict[str, str] = field(default_factory=dict)  # additional #SBATCH --key=value
 
 
+ALERT_EVENTS = (
+    "submitted",
+    "started",
+    "first_step",
+    "checkpoint",
+    "requeued",
+    "resumed",
+    "stalled",
+    "failed",
+    "cancelled",
+    "finished",
+)
+
+
+@dataclass
+class AlertConfig:
+    """Apprise notifications. The URLs are secrets: they never appear in config.yaml.
+
+    Taken from, in order: ``urls`` (moved at submit time into a 0600 file of the run
+    directory, see ``paths.alert_urls_file``), the file ``urls_file`` (one URL per line),
+    and the environment variable named by ``urls_env`` (space or comma separated).
+    """
+
+    urls: list[str] = field(default_factory=list)
+    urls_file: str | None = None
+    urls_env: str = "RELAX_HPC_ALERT_URLS"
+    events: list[str] = field(
+        default_factory=lambda: [e for e in ALERT_EVENTS if e != "checkpoint"]
+    )
+    stall_after_min: float = 30.0  # no new trainer step for this long -> "stalled"
+    min_interval_s: float = 60.0  # the same event kind at most this often
+    max_per_hour: int = 30  # all events together; failed and finished always go out
+    log_lines: int = 20  # last lines of the failing component's log in a "failed" alert
+    send_timeout_s: float = 30.0  # one delivery attempt; a slow service never blocks the job
+    poll_s: float = 5.0  # how often the run watcher looks at the run directory
+
+
 @dataclass
 class ObserveConfig:
-    tensorboard: bool = True
-    log_interval_steps: int = 1
-    progress_bar: bool = True
+    alerts: AlertConfig = field(default_factory=AlertConfig)
     # Keep every trained sample id per step in the checkpointed progress and write them to
     # status/consumed_sample_ids.json at the end: the exactly-once audit of the tests.
     audit_sample_ids: bool = False

@@ -3,7 +3,8 @@
 The supervisor mirrors the sbatch script: one process per task, output to the same
 per-task log files, Ctrl-C / SIGTERM forwarded so that the trainer checkpoints, the other
 role stopped once one role ends, and a bounded number of automatic restarts when the
-trainer crashed (exit codes: 0 done, 2 config error, 75 checkpointed on request).
+trainer crashed (exit codes: 0 done, 2 config error, 75 checkpointed on request). The run
+watcher (alerts, cost ledger) runs as a thread of this supervisor, never of a task.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -62,22 +64,42 @@ class LocalExecutor:
         self.on_tick = on_tick  # called every poll while the tasks run (progress line)
         self.tasks: list[Task] = []
         self.interrupted: str | None = None
+        self.watch = LocalWatch(paths)
 
     # --- public --------------------------------------------------------------------------------
     def run(self) -> int:
         """Run until the trainer finishes; restart after a crash up to ``max_restarts``."""
         self._install_signal_forwarding()
         for restart_count in range(self.plan.max_restarts + 1):
+            self.watch.start(restart_count)
             trainer_rc = self._run_once(restart_count)
-            if trainer_rc in (0, EXIT_CONFIG_ERROR) or self.interrupted or self._cancelled():
+            self.watch.stop()
+            outcome = self._outcome(trainer_rc)
+            if outcome is not None:
+                self.watch.end(*outcome)
                 return trainer_rc
+            why = f"the trainer exited with {trainer_rc}"
             print(
-                f"relax_hpc: trainer exited with {trainer_rc}; restart {restart_count + 1} of "
+                f"relax_hpc: {why}; restart {restart_count + 1} of "
                 f"{self.plan.max_restarts} from the last complete checkpoint",
                 file=sys.stderr,
             )
+            if restart_count < self.plan.max_restarts:
+                self.watch.end("requeued", f"{why}; restarting from the last complete checkpoint")
         print(f"relax_hpc: giving up after {self.plan.max_restarts} restarts", file=sys.stderr)
+        self.watch.end("failed", f"{why}; gave up after {self.plan.max_restarts} restarts")
         return 1
+
+    def _outcome(self, trainer_rc: int) -> tuple[str, str] | None:
+        """How this attempt ends the run, or None when it is restarted."""
+        if trainer_rc == 0:
+            return "finished", "training complete"
+        if trainer_rc == EXIT_CONFIG_ERROR:
+            return "failed", "configuration error (trainer exit 2): fix config.yaml and rerun"
+        if self.interrupted or self._cancelled():
+            how = f"SIG{self.interrupted}" if self.interrupted else "python -m relax_hpc.cancel"
+            return "cancelled", f"stopped on request ({how}); trainer exit {trainer_rc}"
+        return None
 
     def _cancelled(self) -> bool:
         return self.paths.cancel_request.exists()
@@ -185,3 +207,47 @@ class LocalExecutor:
             f"relax_hpc: got {self.interrupted}; asking every task to stop cleanly", file=sys.stderr
         )
         self._signal_running(signal.SIGTERM if signum == signal.SIGINT else signum)
+
+
+class LocalWatch:
+    """The run watcher of ``relax_hpc.observe.watch`` as a thread, plus the end-of-job alert."""
+
+    def __init__(self, paths: RunPaths) -> None:
+        self.paths = paths
+        self.cfg = None
+        self.notifier = None
+        self.thread: threading.Thread | None = None
+        self.stopping = threading.Event()
+
+    def start(self, restart_count: int) -> None:
+        if not self.paths.resolved_config.is_file():
+            return  # a bare plan (tests): nothing to watch
+        from relax_hpc.config import load_run_config
+        from relax_hpc.observe.alerts import build_notifier
+        from relax_hpc.observe.watch import RunWatcher
+
+        if self.notifier is None:
+            self.cfg = load_run_config(self.paths.resolved_config)
+            self.notifier = build_notifier(self.cfg.observe.alerts, self.paths)
+        watcher = RunWatcher(self.cfg, self.paths, self.notifier)
+        watcher.on_start(f"local-{os.getpid()}", restart_count)
+        self.stopping.clear()
+        self.thread = threading.Thread(
+            target=watcher.run, args=(self.stopping.is_set,), name="watch", daemon=True
+        )
+        self.thread.start()
+
+    def stop(self) -> None:
+        if self.thread is not None:
+            self.stopping.set()
+            self.thread.join()
+            self.thread = None
+
+    def end(self, outcome: str, detail: str) -> None:
+        if self.notifier is None:
+            return
+        from relax_hpc.observe.watch import job_end_alert
+
+        self.notifier.send(job_end_alert(self.cfg, self.paths, outcome, detail))
+        if outcome != "requeued":
+            self.notifier.close()

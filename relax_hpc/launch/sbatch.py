@@ -142,17 +142,34 @@ def _srun_line(plan: JobPlan, index: int, role: RolePlan) -> str:
 _SUPERVISOR = """\
 restarts=${{SLURM_RESTART_COUNT:-0}}
 echo "relax_hpc: job ${{SLURM_JOB_ID}} start $((restarts + 1)) on $(hostname) at $(date -Is)"
+
+# The run watcher (alerts: started/resumed, first step, stalled; the cost ledger) runs
+# beside the steps; end_job tells how this start ended. Both are bounded and never decide
+# the outcome: a failing alert service cannot hold or fail the job.
+watch_log="$RELAX_HPC_RUN_DIR/logs/watch.log"
+watch_pid=""
+end_job() {{  # end_job OUTCOME DETAIL EXIT_CODE
+  if [ -n "$watch_pid" ]; then kill -TERM "$watch_pid" 2>/dev/null; wait "$watch_pid"; fi
+  timeout 60 {python} -m relax_hpc.observe.watch end "$RELAX_HPC_RUN_DIR" \\
+    --outcome "$1" --detail "$2" >>"$watch_log" 2>&1
+  exit "$3"
+}}
 if [ "$restarts" -gt {max_restarts} ]; then
   echo "relax_hpc: restarted $restarts times, more than cluster.max_restarts={max_restarts}; giving up" >&2
-  exit 1
+  end_job failed "restarted $restarts times, more than cluster.max_restarts={max_restarts}" 1
 fi
+{python} -m relax_hpc.observe.watch run "$RELAX_HPC_RUN_DIR" --job-id "$SLURM_JOB_ID" \\
+  --restart "$restarts" >>"$watch_log" 2>&1 &
+watch_pid=$!
 
 step_pids=()
 step_roles=()
+got_signal=""
 # Slurm's advance warning ({signal}, the B: in --signal) and preemption's TERM reach this
 # shell; each step's processes react to it (checkpoint at the next step boundary).
 forward_signal() {{
   echo "relax_hpc: got SIG$1, forwarding to the job steps" >&2
+  got_signal=${{got_signal:-SIG$1}}
   kill -s "$1" "${{step_pids[@]}}" 2>/dev/null || true
 }}
 trap 'forward_signal {signal}' {signal}
@@ -178,22 +195,34 @@ done
 # from the last complete checkpoint. Restarts are bounded by cluster.max_restarts.
 if [ -e "$RELAX_HPC_RUN_DIR/{trainer_done}" ]; then
   echo "relax_hpc: training complete (final checkpoint and export written)"
-  exit 0
+  end_job finished "training complete" 0
 fi
 case "$trainer_rc" in
-  0|2) exit "$trainer_rc" ;;
+  0) end_job finished "trainer exited with 0" 0 ;;
+  2) end_job failed "configuration error (trainer exit 2): fix the run's config.yaml, resubmit" 2 ;;
 esac
 if [ -e "$RELAX_HPC_RUN_DIR/{cancel_request}" ]; then
   echo "relax_hpc: stopped on request (python -m relax_hpc.cancel); not requeueing"
-  exit 0
+  end_job cancelled "stopped on request (python -m relax_hpc.cancel)" 0
+fi
+if [ "$trainer_rc" = {requeue_rc} ]; then
+  why="${{got_signal:-a stop request}}: the trainer checkpointed and exited with {requeue_rc}"
+else
+  why="the trainer exited with $trainer_rc${{got_signal:+ after $got_signal}}; resuming from the last complete checkpoint"
 fi
 if [ "$restarts" -ge {max_restarts} ]; then
   echo "relax_hpc: trainer exited with $trainer_rc after $restarts restarts; not requeueing" >&2
-  exit 1
+  end_job failed "$why; not requeued after $restarts restarts (cluster.max_restarts={max_restarts})" 1
 fi
 echo "relax_hpc: requeueing job ${{SLURM_JOB_ID}} (trainer exit $trainer_rc)"
-scontrol requeue "$SLURM_JOB_ID" || exit 1
-exit 0
+if ! scontrol requeue "$SLURM_JOB_ID"; then
+  # Slurm's own preemption (PreemptMode=REQUEUE) has already requeued it: that is fine.
+  if scontrol show job "$SLURM_JOB_ID" 2>/dev/null | grep -q "Restarts=$((restarts + 1))"; then
+    end_job requeued "$why (requeued by Slurm)" 0
+  fi
+  end_job failed "$why; scontrol requeue failed" 1
+fi
+end_job requeued "$why" 0
 """
 
 
@@ -203,7 +232,11 @@ def _body(plan: JobPlan) -> list[str]:
     if plan.setup:
         lines += ["", "# cluster.setup: environment lines from the config"]
         lines += list(plan.setup)
-    lines += ["", _SUPERVISOR.format(signal=ADVANCE_SIGNAL, max_restarts=plan.max_restarts)]
+    python = shlex.quote(plan.roles[0].command[0])
+    supervisor = _SUPERVISOR.format(
+        signal=ADVANCE_SIGNAL, max_restarts=plan.max_restarts, python=python
+    )
+    lines += ["", supervisor]
     for index, role in enumerate(plan.roles):
         lines += [
             f"# {role.role}: {' '.join(shlex.quote(p) for p in role.command)}",

@@ -77,6 +77,7 @@ class Trainer:
         stop: StopFlag,
         metrics: MetricsLogger,
         broadcast_groups,  # callable(groups | None) -> groups, the same on every rank
+        cost_metrics=lambda step: {},  # callable(step) -> device-hours so far (observe.cost)
     ) -> None:
         self.settings = settings
         self.spec = spec
@@ -88,6 +89,7 @@ class Trainer:
         self.stop = stop
         self.metrics = metrics
         self.broadcast_groups = broadcast_groups
+        self.cost_metrics = cost_metrics
         self.progress = Progress()
         self.timer = PhaseTimer()
 
@@ -176,6 +178,7 @@ class Trainer:
         metrics.update(self.timer.pop())
         if self.reader is not None:
             metrics.update({f"spool/{k}": v for k, v in self.reader.metrics().items()})
+        metrics.update(self.cost_metrics(self.progress.step))
         self.progress.history.append(
             {
                 "step": self.progress.step,

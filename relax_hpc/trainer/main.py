@@ -18,6 +18,7 @@ from relax_hpc.checkpoint.stop import StopFlag
 from relax_hpc.checkpoint.store import CheckpointStore, latest_checkpoint
 from relax_hpc.config import RunConfig
 from relax_hpc.models.build import build_causal_lm, build_tokenizer, resolve_dtype
+from relax_hpc.observe.cost import step_cost_metrics
 from relax_hpc.observe.metrics import MetricsLogger
 from relax_hpc.paths import RunPaths, atomic_write_json
 from relax_hpc.runtime import TaskIdentity
@@ -34,6 +35,7 @@ from relax_hpc.trainer.update import Networks
 from relax_hpc.weightsync import WeightSender
 
 log = logging.getLogger(__name__)
+HISTORY_SUMMARY_STEPS = 5  # steps averaged for the start and end of the reward curve
 
 
 def cache_dir() -> Path:
@@ -149,6 +151,7 @@ def run_trainer(cfg: RunConfig, paths: RunPaths, identity: TaskIdentity) -> int:
         broadcast_groups=torch_broadcast_groups(identity.rank)
         if identity.world_size > 1
         else sequential_broadcast,
+        cost_metrics=(lambda step: step_cost_metrics(paths, step)) if leader else lambda step: {},
     )
     _resume_or_publish_initial(cfg, paths, store, trainer, nets, reader, publish_weights)
     exit_code = trainer.run()
@@ -217,7 +220,8 @@ def _finish(paths: RunPaths, nets: Networks, tokenizer, trainer: Trainer, weight
         "step": trainer.progress.step,
         "samples": trainer.progress.samples,
         "export_dir": str(paths.export_dir),
-        "history": trainer.progress.history[-1:],
+        "history_head": trainer.progress.history[:HISTORY_SUMMARY_STEPS],
+        "history_tail": trainer.progress.history[-HISTORY_SUMMARY_STEPS:],
     }
     if trainer.progress.sample_ids:
         atomic_write_json(

@@ -31,10 +31,17 @@ def submit_command(run_dir: Path, *overrides: str) -> list[str]:
     ]
 
 
-def submit(run_dir: Path, *overrides: str, timeout_s: float = 600) -> subprocess.CompletedProcess:
+def submit(
+    run_dir: Path, *overrides: str, timeout_s: float = 600, env: dict | None = None
+) -> subprocess.CompletedProcess:
     command = submit_command(run_dir, *overrides)
     return subprocess.run(
-        command, capture_output=True, text=True, timeout=timeout_s, cwd=REPO, env=submit_env()
+        command,
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+        cwd=REPO,
+        env={**submit_env(), **(env or {})},
     )
 
 

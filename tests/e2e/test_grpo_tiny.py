@@ -28,10 +28,17 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def learned_run(tmp_path_factory):
+def learned_run(tmp_path_factory, smtp_sink, webhook_sink):
+    """60 steps, alerting by e-mail (URL in the environment) and by webhook (URL in the config)."""
     run_dir = tmp_path_factory.mktemp("learn") / "run"
     result = submit(
-        run_dir, "trainer.total_steps=60", "observe.audit_sample_ids=true", timeout_s=900
+        run_dir,
+        "trainer.total_steps=60",
+        "observe.audit_sample_ids=true",
+        f"observe.alerts.urls=['{webhook_sink.url}']",
+        "observe.alerts.poll_s=0.5",
+        timeout_s=900,
+        env={"RELAX_HPC_ALERT_URLS": smtp_sink.url},
     )
     assert result.returncode == 0, failure_report(result, run_dir)
     return run_dir, result
@@ -183,3 +190,50 @@ def test_sigkilled_trainer_resumes_from_the_last_checkpoint(tmp_path):
     }
     assert published, "keep_consumed should retain the consumed shards"
     assert not check_exactly_once(published | {s for step in surviving for s in step}, surviving)
+
+
+def test_alerts_arrive_by_email_and_webhook(learned_run, smtp_sink, webhook_sink):
+    expected = ["started", "first training step done", "finished"]
+    for sent in (smtp_sink.subjects(), webhook_sink.titles()):
+        assert [s.split(": ", 1)[1].split(" (job")[0] for s in sent] == expected, sent
+    summary = smtp_sink.body(": finished")
+    assert "Steps: 60 of 60" in summary and "reward/mean" in summary
+    assert "CPU-hours: trainer" in summary and "Held-out accuracy" in summary
+    assert all(headers["X-Relax-Token"] == webhook_sink.token for headers, _ in webhook_sink.posts)
+
+
+def test_no_secret_leaves_the_secrets_file(learned_run, smtp_sink, webhook_sink):
+    run_dir, result = learned_run
+    paths = RunPaths(run_dir)
+    secrets = (smtp_sink.password, webhook_sink.token)
+    assert paths.alert_urls_file.stat().st_mode & 0o777 == 0o600
+    assert webhook_sink.token in paths.alert_urls_file.read_text()
+    leaked = [
+        str(path)
+        for path in paths.root.rglob("*")
+        if path.is_file()
+        and path != paths.alert_urls_file
+        and any(s.encode() in path.read_bytes() for s in secrets)
+    ]
+    assert leaked == []
+    assert not any(s in result.stderr + result.stdout for s in secrets)
+
+
+def test_cost_is_in_tensorboard_and_status(learned_run):
+    run_dir, _ = learned_run
+    trainer = scalars(RunPaths(run_dir).tensorboard_dir / "trainer")
+    total = trainer["cost/cpu_hours/total"]
+    assert len(total) == 60 and total[-1] > total[0] > 0
+    assert total == sorted(total)
+    assert trainer["cost/cpu_hours/trainer"][-1] + trainer["cost/cpu_hours/rollout"][-1] == (
+        pytest.approx(total[-1])
+    )
+    status = subprocess.run(
+        [sys.executable, "-m", "relax_hpc.status", str(run_dir)],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=120,
+    )
+    assert "starts: 1 (restarts 0)" in status.stdout, status.stdout
+    assert "cost: CPU-hours: trainer" in status.stdout

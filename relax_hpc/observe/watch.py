@@ -1,0 +1,235 @@
+"""The run watcher and the end-of-job alert: everything that happens to a run, told once.
+
+``python -m relax_hpc.observe.watch run RUN_DIR --job-id J --restart N`` runs beside the
+roles' steps for one job attempt (the batch script starts it in the background, the local
+executor as a child process). It opens the attempt in the cost ledger and keeps it
+current, sends ``started`` (or ``resumed``), ``first_step``, ``checkpoint`` and
+``stalled`` (no new trainer step for ``stall_after_min``), and exits on SIGTERM.
+
+``python -m relax_hpc.observe.watch end RUN_DIR --outcome O --detail TEXT`` is run by the
+batch script once the steps ended: ``finished`` (with a summary), ``failed`` (with the
+reason and the last log lines), ``requeued`` or ``cancelled``.
+
+Reads only the run directory (trainer status, checkpoints, logs); never touches training.
+Must not: send anything from a training process, or decide how a job ends (it only tells).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+import time
+from collections.abc import Callable
+
+from relax_hpc.checkpoint.store import latest_checkpoint
+from relax_hpc.config import RunConfig, load_run_config
+from relax_hpc.observe.alerts import Alert, AlertState, Notifier, build_notifier
+from relax_hpc.observe.cost import CostLedger, cost_so_far, describe_cost
+from relax_hpc.paths import RunPaths, read_json
+
+log = logging.getLogger(__name__)
+
+OUTCOMES = ("finished", "failed", "requeued", "cancelled")
+
+
+def _read(path):
+    try:
+        return read_json(path)
+    except (FileNotFoundError, ValueError):
+        return None
+
+
+def tail(path, lines: int) -> str:
+    try:
+        with open(path, encoding="utf-8", errors="replace") as handle:
+            return "".join(handle.readlines()[-lines:])
+    except OSError:
+        return "(no log)\n"
+
+
+def _checkpoint_step(paths: RunPaths) -> int | None:
+    info = latest_checkpoint(paths)
+    return info.step if info else None
+
+
+class RunWatcher:
+    def __init__(
+        self, cfg: RunConfig, paths: RunPaths, notifier: Notifier, clock=time.time
+    ) -> None:
+        self.cfg = cfg
+        self.paths = paths
+        self.notifier = notifier
+        self.clock = clock
+        self.ledger = CostLedger(paths.cost_ledger, clock)
+        self.state = AlertState(paths.alert_state)
+        self.last_step: int | None = None
+        self.last_progress_s = clock()
+        self.stalled = False
+        self.last_checkpoint: int | None = None
+
+    def on_start(self, job_id: str, restart: int) -> None:
+        self.ledger.start_attempt(job_id, restart)
+        self.last_checkpoint = _checkpoint_step(self.paths)
+        status = _read(self.paths.status_dir / "trainer.json") or {}
+        self.last_step = status.get("step")
+        if restart == 0:
+            self._send("started", f"started (job {job_id})", self._where())
+        else:
+            start = self.last_checkpoint or 0
+            body = f"Restart {restart}: resuming from the checkpoint of step {start}.\n"
+            self._send("resumed", f"resumed (job {job_id}, restart {restart})", body)
+
+    def poll(self) -> None:
+        self.ledger.tick()
+        status = _read(self.paths.status_dir / "trainer.json") or {}
+        step = status.get("step")
+        if step is not None and step != self.last_step:
+            self._on_progress(step, status)
+        elif (
+            not self.stalled
+            and self._stalled_for_s() >= self.cfg.observe.alerts.stall_after_min * 60
+        ):
+            self._on_stall()
+        checkpoint = _checkpoint_step(self.paths)
+        if checkpoint is not None and checkpoint != self.last_checkpoint:
+            self.last_checkpoint = checkpoint
+            self._send("checkpoint", f"checkpoint at step {checkpoint}", self._where())
+
+    def run(self, should_stop: Callable[[], bool]) -> None:
+        while not should_stop():
+            self.poll()
+            deadline = self.clock() + self.cfg.observe.alerts.poll_s
+            while not should_stop() and self.clock() < deadline:
+                time.sleep(0.2)
+        self.ledger.tick()
+
+    # --- events --------------------------------------------------------------------------------
+    def _on_progress(self, step: int, status: dict) -> None:
+        self.last_step, self.last_progress_s = step, self.clock()
+        if self.stalled:
+            self.stalled = False
+            log.info("watch: progress again at step %d", step)
+        state = self.state.load()
+        if "first_step" not in state["once"]:
+            state["once"].append("first_step")
+            self.state.save(state)
+            metrics = status.get("metrics", {})
+            body = (
+                f"Step {step} done; reward/mean {metrics.get('reward/mean', float('nan')):.3f}.\n"
+            )
+            self._send("first_step", "first training step done", body + self._where())
+
+    def _stalled_for_s(self) -> float:
+        if self.paths.trainer_done.exists():
+            return 0.0
+        return self.clock() - self.last_progress_s
+
+    def _on_stall(self) -> None:
+        self.stalled = True
+        minutes = self._stalled_for_s() / 60
+        log.warning("watch: no trainer step for %.1f min", minutes)
+        body = (
+            f"No new trainer step for {minutes:.1f} min (last step {self.last_step}).\n"
+            f"Last lines of the trainer's log:\n"
+            f"{tail(self.paths.task_log('trainer', 0), self.cfg.observe.alerts.log_lines)}"
+        )
+        self._send("stalled", f"stalled at step {self.last_step}", body)
+
+    def _send(self, event: str, what: str, body: str) -> None:
+        log.info("watch: %s", what)
+        self.notifier.send(Alert(event, f"relax_hpc {self.cfg.name}: {what}", body))
+
+    def _where(self) -> str:
+        return f"Run directory: {self.paths.root}\n"
+
+
+# --- end of a job attempt ----------------------------------------------------------------------
+def _reward_curve(done: dict) -> str:
+    head, tail_ = done.get("history_head") or [], done.get("history_tail") or []
+    if not head or not tail_:
+        return "reward: no steps recorded"
+    first = sum(h["reward"] for h in head) / len(head)
+    last = sum(h["reward"] for h in tail_) / len(tail_)
+    return (
+        f"reward/mean {first:.3f} (first {len(head)} steps) -> {last:.3f} (last {len(tail_)} steps)"
+    )
+
+
+def finished_body(cfg: RunConfig, paths: RunPaths) -> str:
+    done = _read(paths.trainer_done) or {}
+    ledger = CostLedger(paths.cost_ledger)
+    evals = (_read(paths.status_dir / "eval.json") or {}).get("history", [])
+    lines = [
+        f"Steps: {done.get('step', '?')} of {cfg.trainer.total_steps}; samples trained: "
+        f"{done.get('samples', '?')}",
+        _reward_curve(done),
+        f"Time: {ledger.elapsed_s() / 60:.1f} min over {len(ledger.attempts())} start(s) "
+        f"({ledger.restarts()} restart(s))",
+        describe_cost(cost_so_far(paths)),
+        f"Hugging Face export: {done.get('export_dir', '?')}",
+    ]
+    if evals:
+        lines.append(
+            f"Held-out accuracy: {evals[0]['accuracy']:.1%} -> {evals[-1]['accuracy']:.1%}"
+        )
+    return "\n".join(lines) + "\n" + f"Run directory: {paths.root}\n"
+
+
+def failed_body(cfg: RunConfig, paths: RunPaths, detail: str) -> str:
+    count = cfg.observe.alerts.log_lines
+    logs = sorted(paths.logs_dir.glob("*-*.log"), key=lambda p: p.stat().st_mtime)[-2:]
+    parts = [f"Reason: {detail}\n", describe_cost(cost_so_far(paths)) + "\n"]
+    for path in logs:
+        parts.append(f"--- last {count} lines of {path.name} ---\n{tail(path, count)}")
+    return "".join(parts) + f"Run directory: {paths.root}\n"
+
+
+def job_end_alert(cfg: RunConfig, paths: RunPaths, outcome: str, detail: str) -> Alert:
+    step = _checkpoint_step(paths)
+    if outcome == "finished":
+        return Alert(outcome, f"relax_hpc {cfg.name}: finished", finished_body(cfg, paths))
+    if outcome == "failed":
+        return Alert(outcome, f"relax_hpc {cfg.name}: FAILED", failed_body(cfg, paths, detail))
+    body = f"{detail}\nLast complete checkpoint: step {step}.\nRun directory: {paths.root}\n"
+    title = "preempted, requeued" if outcome == "requeued" else "cancelled on request"
+    return Alert(outcome, f"relax_hpc {cfg.name}: {title}", body)
+
+
+# --- command line ------------------------------------------------------------------------------
+def _watch(cfg: RunConfig, paths: RunPaths, notifier: Notifier, args) -> None:
+    stop = {"now": False}
+    signal.signal(signal.SIGTERM, lambda *_: stop.update(now=True))
+    signal.signal(signal.SIGINT, lambda *_: stop.update(now=True))
+    watcher = RunWatcher(cfg, paths, notifier)
+    watcher.on_start(args.job_id, args.restart)
+    watcher.run(lambda: stop["now"])
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m relax_hpc.observe.watch")
+    parser.add_argument("command", choices=("run", "end"))
+    parser.add_argument("run_dir")
+    parser.add_argument("--job-id", default="local")
+    parser.add_argument("--restart", type=int, default=0)
+    parser.add_argument("--outcome", choices=OUTCOMES)
+    parser.add_argument("--detail", default="")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s watch %(message)s")
+    paths = RunPaths(args.run_dir)
+    cfg = load_run_config(paths.resolved_config)
+    notifier = build_notifier(cfg.observe.alerts, paths)
+    try:
+        if args.command == "run":
+            _watch(cfg, paths, notifier, args)
+        else:
+            notifier.send(job_end_alert(cfg, paths, args.outcome or "failed", args.detail))
+    except Exception as err:  # alerts never decide how a job ends
+        log.warning("watch: %s: %s", type(err).__name__, err)
+    notifier.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
