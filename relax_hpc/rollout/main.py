@@ -17,10 +17,12 @@ from relax_hpc.data.sampler import PromptSampler
 from relax_hpc.models.build import build_causal_lm, build_tokenizer, resolve_dtype
 from relax_hpc.observe.metrics import MetricsLogger
 from relax_hpc.paths import RunPaths, atomic_write_json
-from relax_hpc.rollout.engines.base import GenerationRequest, SamplingParams
+from relax_hpc.rollout.engines.base import Engine, GenerationRequest, SamplingParams
+from relax_hpc.rollout.engines.sglang_engine import SGLangEngine
 from relax_hpc.rollout.engines.transformers_engine import TransformersEngine
 from relax_hpc.rollout.loop import RolloutSettings, RolloutWorker
 from relax_hpc.rollout.rewards import build_reward
+from relax_hpc.rollout.sglang_weights import SGLangWeightLoader
 from relax_hpc.runtime import TaskIdentity
 from relax_hpc.spool import ShardWriter
 from relax_hpc.weightsync import (
@@ -29,6 +31,7 @@ from relax_hpc.weightsync import (
     WeightSyncRefused,
     module_loader,
 )
+from relax_hpc.weightsync.receiver import LoadFn
 
 log = logging.getLogger(__name__)
 POLL_S = 0.5
@@ -37,10 +40,10 @@ POLL_S = 0.5
 class EngineWeights:
     """Keeps the engine's weights current; fail-closed: no generation without verified weights."""
 
-    def __init__(self, receiver: WeightReceiver, engine: TransformersEngine) -> None:
+    def __init__(self, receiver: WeightReceiver, engine: Engine, load: LoadFn) -> None:
         self.receiver = receiver
         self.engine = engine
-        self.load = module_loader(engine.model)
+        self.load = load
 
     def _behind(self, min_version: int) -> bool:
         current = self.receiver.current_policy_version
@@ -91,12 +94,43 @@ class EngineWeights:
                 return False
 
 
-def build_engine(cfg: RunConfig, device: torch.device) -> tuple[TransformersEngine, object]:
+def build_engine(cfg: RunConfig, device: torch.device) -> tuple[Engine, object]:
+    """``rollout.backend``: ``sglang`` (GPU, one engine per TP group) or ``transformers``."""
     tokenizer = build_tokenizer(cfg.model)
+    if cfg.rollout.backend == "sglang":
+        return build_sglang_engine(cfg), tokenizer
     model = build_causal_lm(
         cfg.model, tokenizer, resolve_dtype(cfg.model.dtype, device), seed=cfg.seed
     )
     return TransformersEngine(model.to(device), tokenizer), tokenizer
+
+
+def build_sglang_engine(cfg: RunConfig) -> SGLangEngine:
+    if cfg.model.path is None:
+        raise ValueError(
+            "rollout.backend=sglang needs model.path (a local Hugging Face folder); "
+            "built-in models (model.arch) run with rollout.backend=transformers"
+        )
+    serve_dtype = resolve_dtype(cfg.model.dtype, "cuda")  # model.dtype on a GPU: auto = bf16
+    return SGLangEngine(
+        cfg.model.path,
+        tensor_parallel=cfg.rollout.engine_tensor_parallel,
+        mem_fraction=cfg.rollout.engine_mem_fraction,
+        dtype=str(serve_dtype).removeprefix("torch."),
+        seed=cfg.seed,
+    )
+
+
+def engine_loader(engine: Engine, paths: RunPaths) -> tuple[LoadFn, int | None]:
+    """The receiver's ``load_fn`` for ``engine``, and the verified version it already holds.
+
+    SGLang starts from the newest published ``weights/v{N}/`` read by SGLang itself;
+    the transformers engine gets every version through the receiver.
+    """
+    if isinstance(engine, SGLangEngine):
+        loader = SGLangWeightLoader(engine)
+        return loader, loader.load_latest_published(paths)
+    return module_loader(engine.model), None
 
 
 def make_scorer(cfg: RunConfig):
@@ -154,8 +188,11 @@ def run_rollout(cfg: RunConfig, paths: RunPaths, identity: TaskIdentity) -> int:
         return stop.local_request() or trainer_done.exists()
 
     engine, tokenizer = build_engine(cfg, device)
-    receiver = WeightReceiver(paths, f"rollout-{identity.rank}", cfg.weightsync)
-    weights = EngineWeights(receiver, engine)
+    load, loaded_version = engine_loader(engine, paths)
+    receiver = WeightReceiver(
+        paths, f"rollout-{identity.rank}", cfg.weightsync, initial_policy_version=loaded_version
+    )
+    weights = EngineWeights(receiver, engine, load)
     if not weights.join(should_stop):
         return 0
     score = make_scorer(cfg)

@@ -69,6 +69,8 @@ class SamplingParams:
 class GenerationRequest:
     sample_id: str  # unique per sample of the run, e.g. "<group>/<k>"; seeds its randomness
     prompt_ids: list[int]
+    # engine-specific media for the prompt, e.g. {"image": [...], "audio": [...]}; None = text
+    multimodal: dict | None = None
 
 
 @dataclass

@@ -1,0 +1,242 @@
+"""Generation with SGLang's offline engine: one ``sglang.Engine`` per tensor-parallel group.
+
+Why the in-process ``sglang.Engine`` and not an HTTP server: the rollout worker already is
+the process Slurm starts for one engine, so a server would only add a port to pick, a
+readiness probe, JSON (de)serialization of every token and log-prob, and a second process
+tree to clean up on preemption. The offline engine runs the same tokenizer manager,
+scheduler (one subprocess per TP rank) and detokenizer as the server, its control calls
+(weight updates, memory release, pause) are plain method calls, and tensors handed to
+``update_weights_from_tensor`` reach the schedulers through torch IPC instead of HTTP.
+
+Request building and response parsing live in ``sglang_adapter`` (pure, unit-tested on CPU
+against fixtures in SGLang's 0.5.6.post2 shapes); this module only calls the engine. Imports
+of sglang are lazy, so the module imports on a CPU box without it.
+
+Contract with ``engines/base.py``:
+- log-probs: SGLang's default sampler reports ``log(softmax(logits / T))`` before
+  top-k/top-p and temperature-1 log-probs for greedy, our convention
+  (``SGLANG_RETURN_ORIGINAL_LOGPROB`` is refused at construction).
+- per-sample seeds: every request carries ``sampling_seed = sample_seed(seed, sample_id)``
+  when the installed SGLang has that field, but SGLang honours it only with
+  ``enable_deterministic_inference`` (``deterministic_sampling=True``, PyTorch sampling
+  backend, batch-invariant kernels, slower). Without it SGLang samples from its own
+  generator and a rerun of a sample id may differ: a known gap, not hidden.
+- ``policy_version`` changes only after SGLang reported a successful weight update.
+- finish reasons: SGLang checks ``max_new_tokens`` before EOS, so an EOS drawn as the very
+  last allowed token reports ``"length"`` here where the transformers engine says
+  ``"stop"``; the tokens and log-probs are the same.
+
+Verified on CPU: request building, response parsing, and this class's bookkeeping against
+a stand-in engine (tests/unit/rollout/test_sglang_adapter.py). Written against the API and
+only checked on a GPU by tests/gpu/test_sglang_engine.py: the real ``sglang.Engine``
+calls, ``update_weights_from_tensor`` with CPU tensors, ``update_weights_from_disk`` on a
+``weights/v{N}/`` folder (which has no config.json: SGLang keeps the served model's
+config), and the distributed update group.
+
+Must not: score, touch the spool, or import the trainer.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import os
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from torch import Tensor
+
+from relax_hpc.rollout.engines.base import Completion, Engine, GenerationRequest, SamplingParams
+from relax_hpc.rollout.engines.sglang_adapter import (
+    check_logprob_environment,
+    distributed_update_args,
+    generate_kwargs,
+    parse_completions,
+    request_ids,
+    require_success,
+)
+
+WEIGHT_UPDATE_GROUP = "relax_hpc_weights"
+
+
+class SGLangEngine(Engine):
+    def __init__(
+        self,
+        model_path: str | Path,
+        tensor_parallel: int = 1,
+        mem_fraction: float = 0.85,
+        dtype: str = "auto",
+        seed: int = 0,
+        policy_version: int = 0,
+        deterministic_sampling: bool = False,
+        memory_saver: bool = False,
+        extra_server_args: Mapping[str, Any] | None = None,
+        launch: Callable[..., Any] | None = None,
+        seeded: bool | None = None,
+    ) -> None:
+        """``launch(**server_args)`` builds the engine (default ``sglang.Engine``; tests
+        pass a stand-in); ``seeded`` overrides the detection of ``sampling_seed``.
+        ``memory_saver`` is needed for ``release_memory`` to free anything (colocation);
+        ``extra_server_args`` go to SGLang's ``ServerArgs`` as they are (e.g.
+        ``attention_backend``, ``disable_cuda_graph``).
+        """
+        check_logprob_environment(os.environ)
+        if tensor_parallel < 1:
+            raise ValueError(f"tensor_parallel must be >= 1, got {tensor_parallel}")
+        if not 0 < mem_fraction < 1:
+            raise ValueError(f"mem_fraction must be in (0, 1), got {mem_fraction}")
+        self.model_path = str(model_path)
+        self.policy_version = policy_version
+        self.memory_saver = memory_saver
+        server_args = {
+            "model_path": self.model_path,
+            "tp_size": tensor_parallel,
+            "mem_fraction_static": mem_fraction,
+            "dtype": dtype,
+            "random_seed": seed,
+            "skip_tokenizer_init": False,  # stop strings and text need SGLang's tokenizer
+            "enable_memory_saver": memory_saver,
+        }
+        if deterministic_sampling:
+            server_args["enable_deterministic_inference"] = True
+        server_args.update(extra_server_args or {})
+        self._engine = (launch or _launch_sglang)(**server_args)
+        self._seeded = _sampling_seed_supported() if seeded is None else seeded
+        self._num_calls = 0
+
+    # --- generation ----------------------------------------------------------------------------
+    def generate(
+        self, requests: Sequence[GenerationRequest], params: SamplingParams
+    ) -> list[Completion]:
+        """One batched call; SGLang schedules the batch itself (continuous batching).
+
+        Raises ``SGLangAborted`` when a request was aborted (``abort_in_flight``): no
+        partial completion is ever returned.
+        """
+        if not requests:
+            return []
+        self._num_calls += 1
+        rids = request_ids(requests, self._num_calls)
+        outputs = self._engine.generate(**generate_kwargs(requests, params, rids, self._seeded))
+        return parse_completions(outputs, requests, rids, params, self.policy_version)
+
+    def abort_in_flight(self) -> None:
+        """Abort every in-flight request (drain); safe to call from another thread."""
+        abort = functools.partial(self._engine.tokenizer_manager.abort_request, abort_all=True)
+        if self._engine.loop.is_running():
+            # generate() is blocked on this loop in another thread: run the abort inside it
+            self._engine.loop.call_soon_threadsafe(abort)
+        else:
+            abort()
+
+    def pause_generation(self, mode: str = "abort") -> None:
+        """Stop scheduling (``abort``: in-flight requests end as aborted) before an update."""
+        manager = self._engine.tokenizer_manager
+        try:
+            from sglang.srt.managers.io_struct import PauseGenerationReqInput
+        except ImportError:  # sglang 0.5.5: pause_generation() takes no argument
+            self._run(manager.pause_generation())
+        else:
+            self._run(manager.pause_generation(PauseGenerationReqInput(mode=mode)))
+
+    def continue_generation(self) -> None:
+        manager = self._engine.tokenizer_manager
+        try:
+            from sglang.srt.managers.io_struct import ContinueGenerationReqInput
+        except ImportError:  # sglang 0.5.5: continue_generation() takes no argument
+            self._run(manager.continue_generation())
+        else:
+            self._run(manager.continue_generation(ContinueGenerationReqInput()))
+
+    def flush_cache(self) -> None:
+        """Drop the prefix (radix) cache: its KV entries were computed by older weights."""
+        require_success(self._engine.flush_cache(), "flush_cache")
+
+    # --- weights ------------------------------------------------------------------------------
+    def load_state_dict(
+        self,
+        named_tensors: Mapping[str, Tensor] | Iterable[tuple[str, Tensor]],
+        policy_version: int,
+    ) -> None:
+        self.push_tensors(named_tensors)
+        self.policy_version = policy_version
+
+    def push_tensors(
+        self, named_tensors: Mapping[str, Tensor] | Iterable[tuple[str, Tensor]]
+    ) -> None:
+        """``update_weights_from_tensor``, flushing the prefix cache; the version is unchanged.
+
+        Returns once the schedulers loaded the tensors, so the caller may reuse their
+        buffers afterwards (the weight receiver's staging buckets).
+        """
+        items = named_tensors.items() if isinstance(named_tensors, Mapping) else named_tensors
+        result = self._engine.update_weights_from_tensor(
+            named_tensors=list(items), flush_cache=True
+        )
+        require_success(result, "update_weights_from_tensor")
+
+    def update_weights_from_disk(self, model_dir: str | Path, policy_version: int) -> None:
+        """Load every ``*.safetensors`` of ``model_dir`` (SGLang flushes the cache itself)."""
+        result = self._engine.update_weights_from_disk(model_path=str(model_dir))
+        require_success(result, f"update_weights_from_disk({model_dir})")
+        self.policy_version = policy_version
+
+    def init_weights_update_group(
+        self,
+        master_address: str,
+        master_port: int,
+        rank_offset: int,
+        world_size: int,
+        backend: str = "nccl",
+        group_name: str = WEIGHT_UPDATE_GROUP,
+    ) -> None:
+        """Join a process group whose rank 0 (the trainer) broadcasts tensors one by one."""
+        result = self._engine.init_weights_update_group(
+            master_address=master_address,
+            master_port=master_port,
+            rank_offset=rank_offset,
+            world_size=world_size,
+            group_name=group_name,
+            backend=backend,
+        )
+        require_success(result, "init_weights_update_group")
+
+    def update_weights_from_distributed(
+        self, specs: Iterable[Any], policy_version: int, group_name: str = WEIGHT_UPDATE_GROUP
+    ) -> None:
+        """Receive the tensors of ``specs`` (``name``/``dtype``/``shape``, broadcast order)."""
+        result = self._engine.update_weights_from_distributed(
+            group_name=group_name, flush_cache=True, **distributed_update_args(specs)
+        )
+        require_success(result, "update_weights_from_distributed")
+        self.policy_version = policy_version
+
+    # --- memory and lifetime -------------------------------------------------------------------
+    def release_memory(self) -> None:
+        if not self.memory_saver:
+            raise ValueError("release_memory needs SGLangEngine(memory_saver=True)")
+        require_success(self._engine.release_memory_occupation(), "release_memory_occupation")
+
+    def resume_memory(self) -> None:
+        if not self.memory_saver:
+            raise ValueError("resume_memory needs SGLangEngine(memory_saver=True)")
+        require_success(self._engine.resume_memory_occupation(), "resume_memory_occupation")
+
+    def shutdown(self) -> None:
+        self._engine.shutdown()
+
+    def _run(self, coroutine) -> Any:
+        return self._engine.loop.run_until_complete(coroutine)
+
+
+def _launch_sglang(**server_args: Any) -> Any:
+    import sglang
+
+    return sglang.Engine(**server_args)
+
+
+def _sampling_seed_supported() -> bool:
+    from sglang.srt.sampling.sampling_params import SamplingParams as SGLangSamplingParams
+
+    return "sampling_seed" in inspect.signature(SGLangSamplingParams).parameters
