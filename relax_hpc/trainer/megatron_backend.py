@@ -1,0 +1,354 @@
+"""The Megatron-core trainer backend: ``MegatronModel`` exposes the ``TorchModel`` methods the
+loop uses (per-token log-probs and entropies, optimiser step) over a Qwen3 ``GPTModel``.
+
+On GPU it trains with Megatron's ``DistributedDataParallel`` and distributed optimizer
+(TP and DP; see ``MegatronSettings.check_supported``) and checkpoints in Megatron's torch_dist (DCP) format.
+On CPU (tests, one process) it steps a plain ``torch.optim.AdamW``; that path exists to check
+the model against HF on a CPU box.
+
+It must not import megatron at module import time, own the loop or the loss, or know about
+the spool and weight sync. It deliberately leaves out pipeline and context parallelism in
+the forward (they need Megatron's pipeline schedule and CP-aware attention), a critic, and
+packed sequences: batches are right-padded, so the causal mask alone keeps padding out of
+every real token's logits.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from relax_hpc.algo import entropy_from_logits
+from relax_hpc.trainer import megatron_mapping as mapping
+from relax_hpc.trainer.batch import TrainBatch, gather_response, token_budget_chunks
+from relax_hpc.trainer.megatron_model import (
+    MegatronSettings,
+    build_gpt_model,
+    gather_hf_state,
+    initialize_model_parallel,
+    layer_spec_name,
+    load_hf_state,
+    load_weights_checked,
+)
+from relax_hpc.trainer.torch_backend import warmup_lambda
+from relax_hpc.trainer.update import Networks
+
+# ---------------------------------------------------------------- per-token outputs
+
+
+def response_logprobs(
+    logits_BLV: Tensor, input_ids_BL: Tensor, micro: TrainBatch, with_entropy: bool
+) -> tuple[Tensor, Tensor | None]:
+    """``[B, T]`` log-probs of the response tokens (and entropies) from tempered logits."""
+    width = micro.response_mask_BT.shape[1]
+    next_tokens_BL = torch.roll(input_ids_BL, shifts=-1, dims=1)
+    logprobs_BL = (
+        torch.log_softmax(logits_BLV, dim=-1).gather(-1, next_tokens_BL.unsqueeze(-1)).squeeze(-1)
+    )
+    logprobs_BT = gather_response(logprobs_BL, micro.prompt_len_B, width)
+    if not with_entropy:
+        return logprobs_BT, None
+    return logprobs_BT, gather_response(entropy_from_logits(logits_BLV), micro.prompt_len_B, width)
+
+
+@dataclass
+class OptimizerSettings:
+    lr: float
+    weight_decay: float = 0.0
+    warmup_steps: int = 0
+    grad_clip: float = 1.0
+
+
+class MegatronModel:
+    """One Megatron network (trainable or frozen); the ``TorchModel`` methods the loop uses."""
+
+    def __init__(
+        self,
+        network: torch.nn.Module,
+        hf_config: Any,
+        spec_name: mapping.LayerSpec,
+        device: torch.device,
+        micro_batch_tokens: int,
+        optimizer: Any = None,
+        scheduler: Any = None,
+        grad_clip: float = 1.0,
+    ) -> None:
+        self.network = network
+        self.hf_config = hf_config
+        self.shape = mapping.Qwen3Shape.from_hf_config(hf_config)
+        self.spec_name = spec_name
+        self.device = device
+        self.micro_batch_tokens = micro_batch_tokens
+        self.optimizer = optimizer
+        self.scheduler = scheduler
+        self.grad_clip = grad_clip
+
+    @property
+    def gpt_model(self) -> torch.nn.Module:
+        """The ``GPTModel`` inside the DDP / Float16Module wrappers (its names are mapped)."""
+        module = self.network
+        while hasattr(module, "module"):
+            module = module.module
+        return module
+
+    def micro_batches(self, batch: TrainBatch) -> Iterator[TrainBatch]:
+        for rows in token_budget_chunks(batch, self.micro_batch_tokens):
+            yield batch.select(rows)
+
+    def logits(self, input_ids_BL: Tensor) -> Tensor:
+        """``[B, L, V]`` float32 logits; right padding only, so no mask beyond causal."""
+        length = input_ids_BL.shape[1]
+        # Sequence parallelism splits the sequence over TP ranks: pad L to a multiple of TP.
+        # Extra positions come last, so under the causal mask they change no real logit.
+        config = self.gpt_model.config
+        multiple = config.tensor_model_parallel_size if config.sequence_parallel else 1
+        padded_BL = F.pad(input_ids_BL, (0, -length % multiple))
+        positions_BL = torch.arange(padded_BL.shape[1], device=self.device).expand_as(padded_BL)
+        logits_BLV = self.network(padded_BL, positions_BL, attention_mask=None)
+        return logits_BLV[:, :length].float()
+
+    def token_logprobs(
+        self, micro: TrainBatch, temperature: float, with_entropy: bool
+    ) -> tuple[Tensor, Tensor | None]:
+        input_ids = micro.input_ids_BL.to(self.device)
+        return response_logprobs(
+            self.logits(input_ids) / temperature, input_ids, micro, with_entropy
+        )
+
+    def token_values(self, micro: TrainBatch) -> Tensor:
+        raise ValueError("the megatron backend has no critic; use trainer.backend=torch")
+
+    @torch.no_grad()
+    def logprobs(self, batch: TrainBatch, temperature: float) -> Tensor:
+        width = batch.response_mask_BT.shape[1]
+        parts = [
+            self.token_logprobs(m, temperature, False)[0].cpu() for m in self.micro_batches(batch)
+        ]
+        padded = [F.pad(p, (0, width - p.shape[1])) for p in parts]
+        return torch.cat(padded, dim=0)
+
+    def optimizer_step(self) -> dict[str, float]:
+        """Clip, step, schedule; returns the pre-clip gradient norm and learning rate."""
+        assert self.optimizer is not None and self.scheduler is not None
+        lr = float(self.optimizer.param_groups[0]["lr"])
+        # Megatron DDP (GPU) keeps gradients in its own buffers; the CPU path is plain torch.
+        if hasattr(self.network, "finish_grad_sync"):
+            from megatron.core.distributed import finalize_model_grads
+
+            # DP reduction of the grad buffers, plus the TP sum of grads of replicated params
+            # that see only this rank's heads (q/k layernorm) or sequence shard.
+            finalize_model_grads([self.network])
+            _, grad_norm, _ = self.optimizer.step()  # clips with OptimizerConfig.clip_grad
+            self.scheduler.step(increment=1)
+        else:
+            grad_norm = torch.nn.utils.clip_grad_norm_(self.network.parameters(), self.grad_clip)
+            self.optimizer.step()
+            self.scheduler.step()
+        self.zero_grad()
+        return {"grad_norm": float(grad_norm or 0.0), "lr": lr}
+
+    def zero_grad(self) -> None:
+        assert self.optimizer is not None
+        if hasattr(self.network, "zero_grad_buffer"):
+            self.network.zero_grad_buffer()
+        self.optimizer.zero_grad(set_to_none=True)
+
+    def hf_state_dict(self) -> dict[str, Tensor]:
+        """HF-named full tensors (collective over TP) for weight sync and export."""
+        return gather_hf_state(self.gpt_model, self.shape, self.spec_name)
+
+    def save_checkpoint(self, checkpoint_dir: Path) -> None:
+        """Model + distributed-optimizer state in Megatron's torch_dist (DCP) format."""
+        from megatron.core import dist_checkpointing
+
+        checkpoint_dir.mkdir(parents=True, exist_ok=True)
+        dist_checkpointing.save(self._sharded_state(is_loading=False), str(checkpoint_dir))
+
+    def load_checkpoint(self, checkpoint_dir: Path) -> None:
+        from megatron.core import dist_checkpointing
+
+        state = dist_checkpointing.load(self._sharded_state(is_loading=True), str(checkpoint_dir))
+        load_weights_checked(self.gpt_model, state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+
+    def _sharded_state(self, is_loading: bool) -> dict[str, Any]:
+        assert self.optimizer is not None and self.scheduler is not None
+        # dp_reshardable: every rank writes its own optimizer shard, no gather on rank 0.
+        metadata = {"distrib_optim_sharding_type": "dp_reshardable"}
+        model_state = self.gpt_model.sharded_state_dict(metadata=metadata)
+        optimizer_state = self.optimizer.sharded_state_dict(
+            model_state, is_loading=is_loading, metadata=metadata
+        )
+        return {
+            "model": model_state,
+            "optimizer": optimizer_state,
+            "scheduler": self.scheduler.state_dict(),
+        }
+
+    def export_hf(self, export_dir: Path, is_writer: bool) -> None:
+        """A folder ``from_pretrained`` loads: config + safetensors (collective; one writer)."""
+        from huggingface_hub import save_torch_state_dict
+
+        weights = self.hf_state_dict()
+        if not is_writer:
+            return
+        if self.shape.tie_word_embeddings:
+            del weights["lm_head.weight"]  # as save_pretrained: from_pretrained re-ties it
+        export_dir.mkdir(parents=True, exist_ok=True)
+        self.hf_config.save_pretrained(export_dir)
+        save_torch_state_dict({n: t.to("cpu", copy=True) for n, t in weights.items()}, export_dir)
+
+
+# ---------------------------------------------------------------- training wrappers
+
+
+def megatron_training_wrappers(
+    model: torch.nn.Module, settings: MegatronSettings, optim: OptimizerSettings
+) -> tuple[torch.nn.Module, Any, Any]:
+    """GPU: bf16 module, Megatron DDP, distributed optimizer, warm-up scheduler."""
+    from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
+    from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+    from megatron.core.transformer.module import Float16Module
+
+    config = model.config
+    bf16 = settings.dtype == torch.bfloat16
+    if bf16:
+        model = Float16Module(config, model)
+    ddp_config = DistributedDataParallelConfig(
+        grad_reduce_in_fp32=True, overlap_grad_reduce=False, use_distributed_optimizer=True
+    )
+    ddp_model = DistributedDataParallel(config=config, ddp_config=ddp_config, module=model)
+    optimizer_config = OptimizerConfig(
+        optimizer="adam",
+        lr=optim.lr,
+        weight_decay=optim.weight_decay,
+        adam_beta1=0.9,
+        adam_beta2=0.999,
+        clip_grad=optim.grad_clip,
+        bf16=bf16,
+        params_dtype=settings.dtype,
+        use_distributed_optimizer=True,
+    )
+    optimizer = get_megatron_optimizer(optimizer_config, [ddp_model])
+    return ddp_model, optimizer, warmup_scheduler(optimizer, optim)
+
+
+def warmup_scheduler(optimizer: Any, optim: OptimizerSettings) -> Any:
+    """Megatron's scheduler with ``TorchModel``'s schedule: update k at lr * min(1, k/warmup)."""
+    from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
+
+    scheduler = OptimizerParamScheduler(
+        optimizer,
+        init_lr=0.0,
+        max_lr=optim.lr,
+        min_lr=optim.lr,
+        lr_warmup_steps=optim.warmup_steps,
+        lr_decay_steps=optim.warmup_steps + 1,
+        lr_decay_style="constant",
+        start_wd=optim.weight_decay,
+        end_wd=optim.weight_decay,
+        wd_incr_steps=1,
+        wd_incr_style="constant",
+    )
+    # Megatron's first warm-up update would use lr 0; one step ahead matches (step + 1) / warmup.
+    scheduler.step(increment=1)
+    return scheduler
+
+
+def cpu_training_wrappers(model: torch.nn.Module, optim: OptimizerSettings) -> tuple[Any, Any, Any]:
+    """CPU (tests, world size 1): the bare model and ``TorchModel``'s AdamW and warm-up."""
+    optimizer = torch.optim.AdamW(model.parameters(), lr=optim.lr, weight_decay=optim.weight_decay)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_lambda(optim.warmup_steps))
+    return model, optimizer, scheduler
+
+
+def megatron_model_from_hf(
+    hf_model: torch.nn.Module,
+    settings: MegatronSettings,
+    device: torch.device,
+    micro_batch_tokens: int,
+    optim: OptimizerSettings | None,
+) -> MegatronModel:
+    """A ``MegatronModel`` with ``hf_model``'s weights; trainable when ``optim`` is given.
+
+    Megatron's parallel state must be initialised (``initialize_model_parallel``).
+    """
+    config = hf_model.config
+    spec_name = layer_spec_name(settings)
+    model = build_gpt_model(config, settings)
+    load_hf_state(
+        model, hf_model.state_dict(), mapping.Qwen3Shape.from_hf_config(config), spec_name
+    )
+    model = model.to(device)
+    if optim is None:
+        model.eval().requires_grad_(False)
+        return MegatronModel(model, config, spec_name, device, micro_batch_tokens)
+    model.train()
+    if settings.on_cpu and settings.tensor > 1:
+        raise ValueError("trainer.parallel.tensor: CPU training runs one process; set it to 1")
+    wrap = cpu_training_wrappers(model, optim) if settings.on_cpu else None
+    network, optimizer, scheduler = wrap or megatron_training_wrappers(model, settings, optim)
+    return MegatronModel(
+        network,
+        config,
+        spec_name,
+        device,
+        micro_batch_tokens,
+        optimizer,
+        scheduler,
+        optim.grad_clip,
+    )
+
+
+def megatron_networks(
+    trainer: Any,
+    device: torch.device,
+    dtype: torch.dtype,
+    hf_networks: Mapping[str, torch.nn.Module | None],
+) -> Networks:
+    """``Networks`` of Megatron models from HF ones (``policy``, ``reference``, ``teacher``).
+
+    ``trainer`` is the ``TrainerConfig``; Megatron's parallel state is initialised once.
+    """
+    from megatron.core import parallel_state
+
+    parallel = trainer.parallel
+    settings = MegatronSettings(
+        tensor=parallel.tensor,
+        pipeline=parallel.pipeline,
+        context=parallel.context,
+        expert=parallel.expert,
+        dtype=dtype,
+        recompute_layers=trainer.activation_checkpointing,
+        on_cpu=device.type == "cpu",
+    )
+    if not parallel_state.model_parallel_is_initialized():
+        initialize_model_parallel(settings)
+    optim = OptimizerSettings(
+        lr=trainer.lr,
+        weight_decay=trainer.weight_decay,
+        warmup_steps=trainer.warmup_steps,
+        grad_clip=trainer.grad_clip,
+    )
+
+    def convert(role: str, optimizer: OptimizerSettings | None) -> MegatronModel | None:
+        network = hf_networks.get(role)
+        if network is None:
+            return None
+        return megatron_model_from_hf(
+            network, settings, device, trainer.micro_batch_tokens, optimizer
+        )
+
+    return Networks(
+        policy=convert("policy", optim),
+        reference=convert("reference", None),
+        teacher=convert("teacher", None),
+        critic=None,
+    )

@@ -1,0 +1,297 @@
+"""The Megatron-core Qwen3 ``GPTModel``: its ``TransformerConfig`` and layer spec from a Hugging
+Face config, loading HF weights into this rank's tensor-parallel shard, gathering them back.
+
+Two layer specs: Transformer Engine (GPU, when installed) and the local one, whose core
+attention is torch SDPA here. On CPU the model needs ``use_cpu_initialization``, no fused
+kernels, and a RoPE table that stays on the CPU (see ``_device_local_rotary_class``).
+
+It must not import megatron at module import time (this file imports on any CPU box) or
+know about batches, losses or optimizers.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from relax_hpc.trainer import megatron_mapping as mapping
+
+
+@dataclass(frozen=True)
+class MegatronSettings:
+    """Parallel sizes and numerics of one Megatron model (from ``trainer.parallel``)."""
+
+    tensor: int = 1
+    pipeline: int = 1
+    context: int = 1
+    expert: int = 1
+    dtype: torch.dtype = torch.bfloat16
+    recompute_layers: bool = False  # full recompute of every layer's activations
+    on_cpu: bool = False
+
+    def check_supported(self) -> None:
+        # PP and CP need Megatron's pipeline schedule and CP-aware attention in the forward;
+        # EP renumbers local experts, which the HF mapping does not do yet.
+        if (self.pipeline, self.context, self.expert) != (1, 1, 1):
+            raise ValueError(
+                "trainer.parallel: the megatron backend runs pipeline=context=expert=1 for now"
+            )
+
+
+def initialize_model_parallel(settings: MegatronSettings) -> None:
+    """Megatron's process groups over the default group (created here for a single rank)."""
+    import torch.distributed as dist
+    from megatron.core import parallel_state
+
+    settings.check_supported()
+    if not dist.is_initialized():
+        # init_trainer_group skips world size 1, but Megatron's groups need a default group.
+        backend = "gloo" if settings.on_cpu else "nccl"
+        dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
+    parallel_state.initialize_model_parallel(
+        tensor_model_parallel_size=settings.tensor,
+        pipeline_model_parallel_size=settings.pipeline,
+        context_parallel_size=settings.context,
+        expert_model_parallel_size=settings.expert,
+    )
+    if not settings.on_cpu:
+        from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
+
+        model_parallel_cuda_manual_seed(0)  # Megatron's CUDA RNG tracker (dropout, init)
+
+
+# ---------------------------------------------------------------- model construction
+
+
+def transformer_config(hf_config: Any, settings: MegatronSettings):
+    """A ``TransformerConfig`` equivalent to a HF Qwen3 / Qwen3-MoE config."""
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    if getattr(hf_config, "rope_scaling", None):
+        raise ValueError("model: rope_scaling is not supported by the megatron backend yet")
+    shape = mapping.Qwen3Shape.from_hf_config(hf_config)
+    on_gpu = not settings.on_cpu
+    return TransformerConfig(
+        num_layers=shape.num_layers,
+        hidden_size=shape.hidden_size,
+        ffn_hidden_size=hf_config.intermediate_size,
+        num_attention_heads=shape.num_attention_heads,
+        num_query_groups=shape.num_query_groups,
+        kv_channels=shape.head_dim,
+        normalization="RMSNorm",
+        layernorm_epsilon=hf_config.rms_norm_eps,
+        qk_layernorm=True,
+        gated_linear_unit=True,
+        activation_func=F.silu,
+        add_bias_linear=False,
+        add_qkv_bias=False,
+        hidden_dropout=0.0,
+        attention_dropout=0.0,
+        tensor_model_parallel_size=settings.tensor,
+        pipeline_model_parallel_size=settings.pipeline,
+        context_parallel_size=settings.context,
+        expert_model_parallel_size=settings.expert,
+        # Saves activation memory under TP, but the local spec's torch norms refuse it.
+        sequence_parallel=settings.tensor > 1 and layer_spec_name(settings) == "te",
+        params_dtype=settings.dtype,
+        bf16=settings.dtype == torch.bfloat16,
+        use_cpu_initialization=settings.on_cpu,
+        # The fused kernels are CUDA-only; on CPU every op must have a torch fallback.
+        bias_activation_fusion=on_gpu,
+        masked_softmax_fusion=on_gpu,
+        persist_layer_norm=on_gpu,
+        apply_rope_fusion=False,
+        gradient_accumulation_fusion=False,
+        **_recompute_kwargs(settings),
+        **_moe_kwargs(hf_config, shape, settings),
+    )
+
+
+def _recompute_kwargs(settings: MegatronSettings) -> dict[str, Any]:
+    if not settings.recompute_layers:
+        return {}
+    return {
+        "recompute_granularity": "full",
+        "recompute_method": "uniform",
+        "recompute_num_layers": 1,
+    }
+
+
+def _moe_kwargs(hf_config: Any, shape: mapping.Qwen3Shape, settings: MegatronSettings) -> dict:
+    if not shape.num_experts:
+        return {}
+    return {
+        "num_moe_experts": shape.num_experts,
+        "moe_ffn_hidden_size": hf_config.moe_intermediate_size,
+        "moe_router_topk": hf_config.num_experts_per_tok,
+        # top-k then softmax == softmax, top-k, renormalise (HF norm_topk_prob=True)
+        "moe_router_pre_softmax": not hf_config.norm_topk_prob,
+        "moe_router_load_balancing_type": "none",
+        # alltoall scales with expert parallelism but creates CUDA streams; CPU has none.
+        "moe_token_dispatcher_type": "allgather" if settings.on_cpu else "alltoall",
+        # TEGroupedMLP with TE; without it SequentialMLP (the legacy GroupedMLP has other names).
+        "moe_grouped_gemm": layer_spec_name(settings) == "te",
+    }
+
+
+def _transformer_engine_available() -> bool:
+    try:
+        import transformer_engine  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def layer_spec_name(settings: MegatronSettings) -> mapping.LayerSpec:
+    """``te`` (fused norms, TE kernels) on GPU with Transformer Engine, else ``local``."""
+    return "te" if not settings.on_cpu and _transformer_engine_available() else "local"
+
+
+def layer_spec(shape: mapping.Qwen3Shape, spec_name: mapping.LayerSpec):
+    from megatron.core.models.gpt import gpt_layer_specs
+
+    num_experts = shape.num_experts or None
+    if spec_name == "te":
+        return gpt_layer_specs.get_gpt_layer_with_transformer_engine_spec(
+            num_experts=num_experts, moe_grouped_gemm=bool(num_experts), qk_layernorm=True
+        )
+    spec = gpt_layer_specs.get_gpt_layer_local_spec(
+        num_experts=num_experts, qk_layernorm=True, normalization="RMSNorm"
+    )
+    # The local DotProductAttention needs Megatron's fused softmax for its causal mask;
+    # SDPA is exact, runs on CPU and GPU, and handles GQA itself.
+    spec.submodules.self_attention.submodules.core_attention = SdpaCoreAttention
+    return spec
+
+
+class SdpaCoreAttention(torch.nn.Module):
+    """Causal attention through ``scaled_dot_product_attention`` (Megatron core-attention API)."""
+
+    def __init__(self, *, config, softmax_scale: float | None = None, **_unused: Any) -> None:
+        super().__init__()
+        if config.context_parallel_size > 1:
+            raise ValueError("SdpaCoreAttention does not support context parallelism")
+        self.softmax_scale = softmax_scale
+        self.dropout_p = config.attention_dropout
+
+    def forward(
+        self,
+        query: Tensor,
+        key: Tensor,
+        value: Tensor,
+        attention_mask: Tensor | None,
+        attn_mask_type: Any = None,
+        attention_bias: Tensor | None = None,
+        packed_seq_params: Any = None,
+    ) -> Tensor:
+        assert attention_mask is None and attention_bias is None and packed_seq_params is None
+        # Megatron passes [seq, batch, heads, head_dim]; SDPA wants [batch, heads, seq, head_dim].
+        q, k, v = (t.permute(1, 2, 0, 3) for t in (query, key, value))
+        out_BNSD = F.scaled_dot_product_attention(
+            q,
+            k,
+            v,
+            is_causal=True,
+            scale=self.softmax_scale,
+            dropout_p=self.dropout_p if self.training else 0.0,
+            enable_gqa=q.shape[1] != k.shape[1],
+        )
+        seq, batch = out_BNSD.shape[2], out_BNSD.shape[0]
+        return out_BNSD.permute(2, 0, 1, 3).reshape(seq, batch, -1)
+
+
+@functools.cache
+def _device_local_rotary_class() -> type:
+    from megatron.core.models.common.embeddings.rotary_pos_embedding import RotaryEmbedding
+
+    class DeviceLocalRotaryEmbedding(RotaryEmbedding):
+        """``RotaryEmbedding`` whose table stays on ``inv_freq``'s device.
+
+        megatron-core 0.16 ``get_emb`` moves a CPU ``inv_freq`` to ``torch.cuda.current_device()``,
+        which raises on a CPU-only torch. Same math otherwise (non-interleaved, as HF Qwen3).
+        """
+
+        def get_emb(self, max_seq_len: int, offset: int = 0) -> Tensor:
+            assert not self.rotary_interleaved
+            freqs = self.get_freqs_non_repeated(max_seq_len, offset)
+            return torch.cat((freqs, freqs), dim=-1)[:, None, None, :]
+
+    return DeviceLocalRotaryEmbedding
+
+
+def build_gpt_model(hf_config: Any, settings: MegatronSettings):
+    """The Qwen3 ``GPTModel`` (this rank's TP shard) with freshly initialised weights."""
+    from megatron.core.models.gpt import GPTModel
+
+    shape = mapping.Qwen3Shape.from_hf_config(hf_config)
+    model = GPTModel(
+        config=transformer_config(hf_config, settings),
+        transformer_layer_spec=layer_spec(shape, layer_spec_name(settings)),
+        vocab_size=shape.vocab_size,
+        max_sequence_length=hf_config.max_position_embeddings,
+        share_embeddings_and_output_weights=shape.tie_word_embeddings,
+        position_embedding_type="rope",
+        rotary_base=int(hf_config.rope_theta),
+        parallel_output=False,  # full-vocabulary logits: log_softmax needs every token
+    )
+    if settings.on_cpu:
+        model.rotary_pos_emb.__class__ = _device_local_rotary_class()
+    return model
+
+
+def load_hf_state(
+    model: torch.nn.Module,
+    hf_state: Mapping[str, Tensor],
+    shape: mapping.Qwen3Shape,
+    spec_name: mapping.LayerSpec,
+) -> None:
+    """Copy full HF tensors into this rank's TP shard of ``model`` (any wrapper removed)."""
+    from megatron.core import parallel_state
+
+    full = mapping.hf_to_megatron(hf_state, shape, spec_name, grouped_experts=spec_name == "te")
+    shard = mapping.shard_state_dict(
+        full,
+        parallel_state.get_tensor_model_parallel_world_size(),
+        parallel_state.get_tensor_model_parallel_rank(),
+    )
+    load_weights_checked(model, shard)
+
+
+def load_weights_checked(model: torch.nn.Module, state: Mapping[str, Any]) -> None:
+    """``load_state_dict`` that tolerates only absent ``_extra_state`` metadata."""
+    result = model.load_state_dict(state, strict=False)
+    missing = [k for k in result.missing_keys if not mapping.is_megatron_metadata(k)]
+    if missing or result.unexpected_keys:
+        raise ValueError(
+            f"Megatron names do not match: missing {missing[:5]}, "
+            f"unexpected {result.unexpected_keys[:5]}"
+        )
+
+
+def gather_hf_state(
+    model: torch.nn.Module, shape: mapping.Qwen3Shape, spec_name: mapping.LayerSpec
+) -> dict[str, Tensor]:
+    """Full HF-named tensors on every rank (collective over the TP group) for sync/export."""
+    from megatron.core import parallel_state
+
+    tp_size = parallel_state.get_tensor_model_parallel_world_size()
+    local = {
+        n: t.detach() for n, t in model.state_dict().items() if not mapping.is_megatron_metadata(n)
+    }
+    if tp_size == 1:
+        return mapping.megatron_to_hf(local, shape, spec_name, grouped_experts=spec_name == "te")
+    group = parallel_state.get_tensor_model_parallel_group()
+    shards_by_rank: list[dict[str, Tensor]] = [{} for _ in range(tp_size)]
+    for name, tensor in local.items():
+        parts = [torch.empty_like(tensor) for _ in range(tp_size)]
+        torch.distributed.all_gather(parts, tensor.contiguous(), group=group)
+        for rank, part in enumerate(parts):
+            shards_by_rank[rank][name] = part
+    full = mapping.gather_state_dicts(shards_by_rank)
+    return mapping.megatron_to_hf(full, shape, spec_name, grouped_experts=spec_name == "te")

@@ -1,0 +1,131 @@
+"""The Megatron backend on one GPU (TP=1): HF equality, a training step, checkpoint resume,
+HF export. The CPU twins of these checks are in tests/unit/trainer/test_megatron_cpu.py.
+"""
+
+from __future__ import annotations
+
+import socket
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "unit" / "trainer"))
+
+from megatron_factories import tiny_qwen3  # noqa: E402
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"),
+    pytest.mark.filterwarnings("ignore::UserWarning", "ignore::DeprecationWarning"),
+]
+
+CUDA = torch.device("cuda:0")
+
+
+@pytest.fixture(scope="module")
+def megatron_gpu():
+    """Megatron's parallel state for one NCCL process (TP=PP=1), destroyed after."""
+    pytest.importorskip("megatron.core")
+    import torch.distributed as dist
+    from megatron.core import parallel_state
+
+    from relax_hpc.trainer.megatron_model import MegatronSettings, initialize_model_parallel
+
+    torch.cuda.set_device(CUDA)
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+    settings = MegatronSettings(dtype=torch.bfloat16)
+    initialize_model_parallel(settings)
+    try:
+        yield settings
+    finally:
+        parallel_state.destroy_model_parallel()
+        dist.destroy_process_group()
+
+
+def megatron_on_gpu(hf_model, settings, lr: float | None = 1e-2):
+    from relax_hpc.trainer.megatron_backend import OptimizerSettings, megatron_model_from_hf
+
+    optim = OptimizerSettings(lr=lr) if lr is not None else None
+    return megatron_model_from_hf(hf_model, settings, CUDA, micro_batch_tokens=4096, optim=optim)
+
+
+def tokens(vocab: int, seed: int = 0) -> torch.Tensor:
+    return torch.randint(0, vocab, (4, 32), generator=torch.Generator().manual_seed(seed)).to(CUDA)
+
+
+def mean_next_token_nll(model, input_ids: torch.Tensor) -> torch.Tensor:
+    logprobs = torch.log_softmax(model.logits(input_ids)[:, :-1], dim=-1)
+    return -logprobs.gather(-1, input_ids[:, 1:].unsqueeze(-1)).mean()
+
+
+def train_step(model, input_ids: torch.Tensor) -> tuple[float, dict[str, float]]:
+    model.zero_grad()
+    loss = mean_next_token_nll(model, input_ids)
+    loss.backward()
+    return float(loss), model.optimizer_step()
+
+
+def test_fp32_logits_match_hf(megatron_gpu):
+    import dataclasses
+
+    settings = dataclasses.replace(megatron_gpu, dtype=torch.float32)
+    hf = tiny_qwen3(False).to(CUDA)
+    model = megatron_on_gpu(hf, settings, lr=None)
+    input_ids = tokens(hf.config.vocab_size)
+    with torch.no_grad():
+        torch.testing.assert_close(
+            model.logits(input_ids), hf(input_ids=input_ids).logits, atol=1e-2, rtol=0
+        )
+
+
+def test_training_steps_lower_the_loss(megatron_gpu):
+    hf = tiny_qwen3(False)
+    model = megatron_on_gpu(hf, megatron_gpu)
+    input_ids = tokens(hf.config.vocab_size)
+    first_loss, stats = train_step(model, input_ids)
+    assert 0 < stats["grad_norm"] < float("inf") and stats["lr"] == pytest.approx(1e-2)
+    for _ in range(4):
+        last_loss, _ = train_step(model, input_ids)
+    assert last_loss < first_loss
+
+
+def test_checkpoint_resume_continues_identically(megatron_gpu, tmp_path):
+    """Weights are restored exactly; Adam moments too (a fresh Adam would step differently)."""
+    hf = tiny_qwen3(False)
+    input_ids = tokens(hf.config.vocab_size)
+    model = megatron_on_gpu(hf, megatron_gpu)
+    train_step(model, input_ids)
+    model.save_checkpoint(tmp_path / "ckpt")
+    assert (tmp_path / "ckpt" / ".metadata").is_file()  # torch DCP layout
+    saved = model.hf_state_dict()
+    train_step(model, input_ids)
+    continued = model.hf_state_dict()
+
+    resumed = megatron_on_gpu(tiny_qwen3(False, seed=1), megatron_gpu)
+    resumed.load_checkpoint(tmp_path / "ckpt")
+    for name, tensor in resumed.hf_state_dict().items():
+        assert torch.equal(tensor, saved[name]), name
+    train_step(resumed, input_ids)
+    for name, tensor in resumed.hf_state_dict().items():
+        torch.testing.assert_close(tensor, continued[name], atol=2e-3, rtol=0)
+
+
+def test_gathered_hf_export_loads_with_transformers(megatron_gpu, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    hf = tiny_qwen3(True)
+    model = megatron_on_gpu(hf, megatron_gpu)
+    input_ids = tokens(hf.config.vocab_size)
+    train_step(model, input_ids)
+    model.export_hf(tmp_path, is_writer=True)
+    loaded = AutoModelForCausalLM.from_pretrained(
+        tmp_path, local_files_only=True, dtype=torch.bfloat16
+    ).to(CUDA)
+    exported = model.hf_state_dict()
+    for name, tensor in loaded.state_dict().items():
+        assert torch.equal(tensor, exported[name]), name
