@@ -190,7 +190,11 @@ def run_rollout(cfg: RunConfig, paths: RunPaths, identity: TaskIdentity) -> int:
     engine, tokenizer = build_engine(cfg, device)
     load, loaded_version = engine_loader(engine, paths)
     receiver = WeightReceiver(
-        paths, f"rollout-{identity.rank}", cfg.weightsync, initial_policy_version=loaded_version
+        paths,
+        f"rollout-{identity.rank}",
+        cfg.weightsync,
+        initial_policy_version=loaded_version,
+        attempt=identity.attempt,
     )
     weights = EngineWeights(receiver, engine, load)
     if not weights.join(should_stop):

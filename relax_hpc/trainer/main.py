@@ -64,6 +64,13 @@ def build_networks(cfg: RunConfig, device: torch.device, world_size: int):
     if spec.needs_teacher:
         teacher_cfg = dataclasses.replace(cfg.model, path=cfg.model.teacher_path, tokenizer="auto")
         teacher_net = build_causal_lm(teacher_cfg, tokenizer, dtype)
+    if cfg.trainer.backend == "megatron":
+        from relax_hpc.trainer.megatron_backend import megatron_networks
+
+        if critic_net is not None:
+            raise ValueError("trainer.backend: megatron has no critic yet; use backend=torch")
+        hf_networks = {"policy": policy_net, "reference": reference_net, "teacher": teacher_net}
+        return spec, tokenizer, megatron_networks(cfg.trainer, device, dtype, hf_networks)
     if world_size > 1:
         policy_net = shard_with_fsdp2(policy_net)
         critic_net = shard_with_fsdp2(critic_net) if critic_net is not None else None
@@ -110,7 +117,7 @@ def run_trainer(cfg: RunConfig, paths: RunPaths, identity: TaskIdentity) -> int:
     leader = identity.rank == 0
     if leader:
         paths.trainer_done.unlink(missing_ok=True)  # from an earlier completion of this run
-    sender = WeightSender(paths, cfg.weightsync, device) if leader else None
+    sender = WeightSender(paths, cfg.weightsync, device, identity.attempt) if leader else None
     if sender is not None:
         sender.start()  # before the model is built: rollout engines can register meanwhile
     spec, tokenizer, nets = build_networks(cfg, device, identity.world_size)

@@ -80,10 +80,14 @@ class WeightReceiver:
         device: str | torch.device = "cpu",
         token: str | None = None,
         initial_policy_version: int | None = None,
+        attempt: str = "",
     ) -> None:
         """``token`` overrides the one read from ``trainer.json`` (tests, external engines);
-        ``initial_policy_version`` declares weights already loaded (e.g. 0 for the base model).
+        ``initial_policy_version`` declares weights already loaded (e.g. 0 for the base model);
+        ``attempt`` (the job start, ``TaskIdentity.attempt``) makes ``join`` wait for the
+        trainer of the same start.
         """
+        self.attempt = attempt
         self.paths = paths
         self.engine_id = engine_id
         self.config = config.validate()
@@ -117,7 +121,7 @@ class WeightReceiver:
     def join(self, load_fn: LoadFn | None = None) -> None:
         """Find the trainer, load the latest published weights (if ``load_fn``), register."""
         endpoint = rendezvous.wait_for_trainer_endpoint(
-            self.paths, self.config.timeout_s, self.config.poll_s
+            self.paths, self.config.timeout_s, self.config.poll_s, self.attempt
         )
         self._token = self._token_override or endpoint.token
         if load_fn is not None:

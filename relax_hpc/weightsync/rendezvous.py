@@ -4,7 +4,9 @@ Layout of the rendezvous directory (created 0700 by ``RunPaths.create``):
 
 - ``trainer.json`` (mode 0600, written atomically by the trainer): ``host``, ``port`` of the
   trainer's TCPStore, the per-run ``token`` (random, 256 bits; kept across requeues of the
-  same run directory), ``instance`` (random per trainer start) and ``pid``.
+  same run directory), ``instance`` (random per trainer start), ``pid`` and ``attempt``
+  (the job start it belongs to, e.g. ``<jobid>.<restart>``: engines of a requeued job wait
+  for their own start's file instead of dialling the dead address of the previous one).
 - ``engines/<engine_id>.json`` (mode 0600, one per engine, written by that engine and
   deleted only by it): ``engine_id``, ``incarnation`` (random per join), ``trainer_instance``
   it said hello to, ``host``, ``pid``.
@@ -54,6 +56,7 @@ class TrainerEndpoint:
     token: str
     instance: str
     pid: int
+    attempt: str = ""
 
 
 @dataclass(frozen=True)
@@ -124,15 +127,20 @@ def read_trainer_endpoint(paths: RunPaths) -> TrainerEndpoint | None:
     return TrainerEndpoint(**read_json(path))
 
 
-def wait_for_trainer_endpoint(paths: RunPaths, timeout_s: float, poll_s: float) -> TrainerEndpoint:
+def wait_for_trainer_endpoint(
+    paths: RunPaths, timeout_s: float, poll_s: float, attempt: str = ""
+) -> TrainerEndpoint:
+    """The trainer's endpoint; with ``attempt``, only the one published by that job start."""
     deadline = time.monotonic() + timeout_s
     while True:
         endpoint = read_trainer_endpoint(paths)
-        if endpoint is not None:
+        if endpoint is not None and (not attempt or endpoint.attempt == attempt):
             return endpoint
         if time.monotonic() >= deadline:
+            found = f" (found one of start {endpoint.attempt!r})" if endpoint else ""
             raise WeightSyncTimeout(
-                f"no trainer rendezvous file {trainer_file(paths)} after {timeout_s:.1f} s"
+                f"no trainer rendezvous file {trainer_file(paths)} of start {attempt!r} "
+                f"after {timeout_s:.1f} s{found}"
             )
         time.sleep(poll_s)
 

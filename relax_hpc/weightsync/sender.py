@@ -72,9 +72,14 @@ class WeightSender:
     """Pushes new weights from the trainer to every admitted rollout engine."""
 
     def __init__(
-        self, paths: RunPaths, config: WeightSyncConfig, device: str | torch.device = "cpu"
+        self,
+        paths: RunPaths,
+        config: WeightSyncConfig,
+        device: str | torch.device = "cpu",
+        attempt: str = "",  # the job start (TaskIdentity.attempt), written into trainer.json
     ) -> None:
         self.paths = paths
+        self.attempt = attempt
         self.config = config.validate()
         self.device = torch.device(device)
         self.backend = resolve_backend(config.backend, self.device)
@@ -103,7 +108,7 @@ class WeightSender:
         self._token = rendezvous.existing_token(self.paths) or rendezvous.new_token()
         self._instance = rendezvous.new_nonce()
         endpoint = rendezvous.TrainerEndpoint(
-            host, store_port(self._store), self._token, self._instance, os.getpid()
+            host, store_port(self._store), self._token, self._instance, os.getpid(), self.attempt
         )
         rendezvous.publish_trainer_endpoint(self.paths, endpoint)
         log.info("weightsync: trainer store at %s:%d (%s)", host, endpoint.port, self.backend)

@@ -31,6 +31,21 @@ def test_missing_trainer_file_times_out_with_its_path(tmp_path):
         rendezvous.wait_for_trainer_endpoint(paths, timeout_s=0.05, poll_s=0.01)
 
 
+def test_an_engine_waits_for_the_trainer_of_its_own_job_start(tmp_path):
+    """A requeued job's engine must not dial the dead address of the previous start."""
+    paths = RunPaths(tmp_path).create()
+    token = rendezvous.new_token()
+    old = rendezvous.TrainerEndpoint("node1", 1111, token, "a", 1, attempt="77.0")
+    rendezvous.publish_trainer_endpoint(paths, old)
+    with pytest.raises(rendezvous.WeightSyncTimeout, match="found one of start '77.0'"):
+        rendezvous.wait_for_trainer_endpoint(paths, timeout_s=0.05, poll_s=0.01, attempt="77.1")
+    new = rendezvous.TrainerEndpoint("node1", 2222, token, "b", 2, attempt="77.1")
+    rendezvous.publish_trainer_endpoint(paths, new)
+    found = rendezvous.wait_for_trainer_endpoint(paths, timeout_s=1, poll_s=0.01, attempt="77.1")
+    assert found.port == 2222
+    assert rendezvous.wait_for_trainer_endpoint(paths, 1, 0.01) == new  # no attempt: any
+
+
 def test_engine_registration_is_private_and_only_its_owner_removes_it(tmp_path):
     paths = RunPaths(tmp_path).create()
     old = rendezvous.EngineRegistration("e1", "inc1", "trainer", "node2", 7)
