@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
@@ -21,7 +22,7 @@ FAST = [
 ]
 
 
-def submit(run_dir: Path, *overrides: str) -> subprocess.CompletedProcess:
+def submit(run_dir: Path, *overrides: str, env: dict | None = None) -> subprocess.CompletedProcess:
     command = [
         sys.executable,
         "-m",
@@ -32,7 +33,24 @@ def submit(run_dir: Path, *overrides: str) -> subprocess.CompletedProcess:
         *FAST,
         *overrides,
     ]
-    return subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=REPO)
+    return subprocess.run(
+        command,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=REPO,
+        env={**os.environ, **(env or {})},
+    )
+
+
+def operator_status(run_dir: Path) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "relax_hpc.status", str(run_dir)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=REPO,
+    )
 
 
 def logs(run_dir: Path) -> str:
@@ -59,13 +77,7 @@ def test_grpo_tiny_hetjob_runs_to_completion_and_learns(tmp_path):
     assert history[-1]["accuracy"] > history[0]["accuracy"] + 0.2, history
     trainer_log = (RunPaths(run_dir).task_log("trainer", 0)).read_text()
     assert "of job attempt" in trainer_log and "(slurm)" in trainer_log
-    status = subprocess.run(
-        [sys.executable, "-m", "relax_hpc.status", str(run_dir)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        cwd=REPO,
-    )
+    status = operator_status(run_dir)
     assert f"Slurm job {job_id} COMPLETED" in status.stdout and "trainer: finished" in status.stdout
 
 
@@ -93,6 +105,10 @@ def test_cancel_stops_with_a_checkpoint_and_no_requeue(tmp_path):
             if status.exists() and read_json(status)["step"] >= 3:
                 break
             time.sleep(0.5)
+        live = operator_status(run_dir)
+        assert f"Slurm job {job_id} RUNNING" in live.stdout, live.stdout
+        assert "starts: 1 (restarts 0)" in live.stdout and "cost: CPU-hours" in live.stdout
+        assert "trainer: step" in live.stdout and "spool:" in live.stdout
         subprocess.run(
             [sys.executable, "-m", "relax_hpc.cancel", str(run_dir)],
             check=True,
@@ -124,33 +140,122 @@ def wait_for_restart_and_step(
     raise AssertionError(f"no {log_marker!r} with step >= {step} within {timeout_s} s")
 
 
-def test_preempted_twice_the_run_finishes_with_every_sample_trained_once(tmp_path):
-    """An advance warning (USR1 to the batch shell: checkpoint, then requeue) and a hard
-    requeue by Slurm (scontrol requeue: the steps are killed) in one run."""
-    run_dir = tmp_path / "run"
+def node_of(job_id: str) -> str:
+    out = subprocess.run(
+        ["squeue", "-h", "-j", job_id, "-o", "%N"], capture_output=True, text=True, timeout=30
+    )
+    return out.stdout.split()[0]
+
+
+def preempt_from_partition_hi(job_id: str) -> str:
+    """A job in the higher-priority partition ``hi`` that needs the victim's whole node."""
+    node = node_of(job_id)
+    out = subprocess.run(
+        [
+            "sbatch",
+            "--parsable",
+            "-p",
+            "hi",
+            "-w",
+            node,
+            "-c",
+            "2",
+            "-o",
+            os.devnull,
+            "--wrap",
+            "sleep 3",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=30,
+    )
+    return out.stdout.strip().split(";")[0]
+
+
+def final_weights(run_dir: Path) -> dict:
+    from safetensors.torch import load_file
+
+    export = RunPaths(run_dir).export_dir
+    tensors = {}
+    for shard in sorted(export.glob("*.safetensors")):
+        tensors.update(load_file(str(shard)))
+    return tensors
+
+
+def kill_trainer(run_dir: Path) -> None:
+    """SIGKILL, no warning, to the trainer process of ``run_dir`` (the nodes are this host)."""
+    pattern = f"relax_hpc.component trainer --run-dir {run_dir}"
+    subprocess.run(["pkill", "-KILL", "-f", pattern], check=True, timeout=30)
+
+
+def test_preempted_four_ways_the_sync_run_ends_as_if_never_interrupted(tmp_path, webhook_sink):
+    """One sync-mode run, stopped four ways: an advance warning (USR1 to the batch shell:
+    checkpoint, then requeue), a requeue by the operator (scontrol requeue: TERM, then the
+    steps are killed), preemption by a job of partition ``hi``, and a SIGKILL of the trainer
+    (no warning: resume from the last periodic checkpoint, steps after it are trained again).
+    It must finish with every sample trained exactly once and with the final weights of the
+    same run left alone (same seed), which runs beside it."""
     overrides = [
-        "trainer.total_steps=40",
+        "mode=sync",
+        "max_staleness=0",
+        "trainer.total_steps=18",
+        "trainer.checkpoint_interval_steps=4",
         "observe.audit_sample_ids=true",
-        "cluster.max_restarts=4",
+        "cluster.max_restarts=5",
+        "trainer.mem_gb=1",
+        "rollout.mem_gb=1",
+        "observe.alerts.min_interval_s=0",
+        "observe.alerts.poll_s=1",
     ]
-    assert submit(run_dir, *overrides).returncode == 0
+    reference_dir, run_dir = tmp_path / "reference", tmp_path / "run"
+    assert submit(reference_dir, *overrides).returncode == 0
+    hook = {"RELAX_HPC_ALERT_URLS": webhook_sink.url}
+    result = submit(run_dir, *overrides, env=hook)
+    assert result.returncode == 0, result.stderr
     paths = RunPaths(run_dir)
     job_id = str(read_json(paths.job_file)["job_id"])
+    reference_id = str(read_json(RunPaths(reference_dir).job_file)["job_id"])
     try:
-        wait_for_restart_and_step(paths, "attempt", 8, timeout_s=600)
+        wait_for_restart_and_step(paths, "attempt", 4, timeout_s=600)
         subprocess.run(["scancel", "--batch", "--signal=USR1", job_id], check=True, timeout=30)
-        wait_for_restart_and_step(paths, f"attempt {job_id}.1", 20, timeout_s=600)
+        wait_for_restart_and_step(paths, f"attempt {job_id}.1", 7, timeout_s=600)
         subprocess.run(["scontrol", "requeue", job_id], check=True, timeout=30)
-        wait_for_restart_and_step(paths, f"attempt {job_id}.2", 21, timeout_s=600)
+        wait_for_restart_and_step(paths, f"attempt {job_id}.2", 10, timeout_s=600)
+        preempt_from_partition_hi(job_id)
+        wait_for_restart_and_step(paths, f"attempt {job_id}.3", 14, timeout_s=600)
+        kill_trainer(run_dir)  # at step >= 14; periodic checkpoints every 4 steps
+        killed_at = read_json(paths.status_dir / "trainer.json")["step"]
+        wait_for_restart_and_step(paths, f"attempt {job_id}.4", 15, timeout_s=600)
         state = wait_for_job(job_id, timeout_s=900)
+        reference_state = wait_for_job(reference_id, timeout_s=900)
     finally:
-        subprocess.run(["scancel", job_id], capture_output=True, timeout=30)
-    assert state == "COMPLETED", logs(run_dir)
+        subprocess.run(["scancel", job_id, reference_id], capture_output=True, timeout=30)
+    assert (state, reference_state) == ("COMPLETED", "COMPLETED"), logs(run_dir)
     trainer_log = paths.task_log("trainer", 0).read_text()
-    assert trainer_log.count("trainer: resumed from") == 2, trainer_log[-3000:]
-    assert "stopping at step" in trainer_log  # the USR1 path checkpointed before requeueing
+    assert trainer_log.count("trainer: resumed from") == 4, trainer_log[-3000:]
+    killed_start = trainer_log.split(f"attempt {job_id}.3")[1].split(f"attempt {job_id}.4")[0]
+    assert "stopping at step" not in killed_start  # no warning, no checkpoint on the way out
+    resumed = int(trainer_log.split(f"attempt {job_id}.4")[1].split("(step ")[1].split(")")[0])
+    assert resumed % 4 == 0 and resumed <= killed_at + 1, (resumed, killed_at)
+    assert trainer_log.count("stopping at step") >= 2  # USR1 and hi's preemption checkpointed
     surviving = read_json(paths.status_dir / "consumed_sample_ids.json")
-    assert len(surviving) == 40
+    assert len(surviving) == 18
     from relax_hpc.spool import check_exactly_once
 
     assert not check_exactly_once({s for step in surviving for s in step}, surviving)
+    assert surviving == read_json(RunPaths(reference_dir).status_dir / "consumed_sample_ids.json")
+    import torch
+
+    ours, theirs = final_weights(run_dir), final_weights(reference_dir)
+    assert ours.keys() == theirs.keys()
+    different = [name for name in ours if not torch.equal(ours[name], theirs[name])]
+    assert different == [], different
+    events = [title.split(": ", 1)[1] for title in webhook_sink.titles()]
+    # The batch shell tells each requeue it lives through (the advance warning, hi's
+    # preemption, the killed trainer); an operator's requeue ends the shell itself, so that
+    # one is told by the next start's "resumed".
+    assert events.count("preempted, requeued") == 3, events
+    assert sum(e.startswith("resumed") for e in events) == 4 and events[-1] == "finished"
+    status = operator_status(run_dir)
+    assert "starts: 5 (restarts 4)" in status.stdout, status.stdout
