@@ -60,9 +60,19 @@ def logs(run_dir: Path) -> str:
     )
 
 
-def test_grpo_tiny_hetjob_runs_to_completion_and_learns(tmp_path):
+def reward_curve(run_dir: Path) -> list[float]:
+    """``reward/mean`` per step, read back from TensorBoard's event files."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(RunPaths(run_dir).tensorboard_dir / "trainer"))
+    events.Reload()
+    return [e.value for e in events.Scalars("reward/mean")]
+
+
+def test_grpo_tiny_hetjob_runs_to_completion_and_learns(tmp_path, smtp_sink, webhook_sink):
     run_dir = tmp_path / "run"
-    result = submit(run_dir, "trainer.total_steps=40")
+    urls = {"RELAX_HPC_ALERT_URLS": f"{smtp_sink.url} {webhook_sink.url}"}
+    result = submit(run_dir, "trainer.total_steps=40", env=urls)
     assert result.returncode == 0, result.stderr
     job_id = str(read_json(RunPaths(run_dir).job_file)["job_id"])
     try:
@@ -79,6 +89,17 @@ def test_grpo_tiny_hetjob_runs_to_completion_and_learns(tmp_path):
     assert "of job attempt" in trainer_log and "(slurm)" in trainer_log
     status = operator_status(run_dir)
     assert f"Slurm job {job_id} COMPLETED" in status.stdout and "trainer: finished" in status.stdout
+    curve = reward_curve(run_dir)
+    assert len(curve) == 40 and sum(curve[-5:]) > sum(curve[:5]) + 0.5, curve
+    expected = ["submitted", "started", "first training step done", "finished"]
+    for sent in (smtp_sink.subjects(), webhook_sink.titles()):
+        assert [t.split(": ", 1)[1].split(" (job")[0] for t in sent] == expected, sent
+    summary = smtp_sink.body(": finished")
+    assert "Steps: 40 of 40" in summary and "CPU-hours: trainer" in summary, summary
+    secrets = (smtp_sink.password, webhook_sink.token)
+    logs_text = "".join(p.read_text(errors="replace") for p in RunPaths(run_dir).logs_dir.iterdir())
+    assert not any(secret in logs_text for secret in secrets)
+    assert not any(secret in RunPaths(run_dir).resolved_config.read_text() for secret in secrets)
 
 
 def test_a_job_whose_steps_fail_is_seen_as_failed(tmp_path):
