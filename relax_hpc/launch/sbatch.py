@@ -15,6 +15,7 @@ from relax_hpc.launch.plan import REQUEUE_EXIT_CODE, JobPlan, RolePlan
 from relax_hpc.paths import BATCH_LOG_NAME, CANCEL_REQUEST_NAME, TRAINER_DONE_NAME, task_log_name
 
 ADVANCE_SIGNAL = "USR1"  # Slurm's warning before the time limit: checkpoint and requeue
+STOP_WAIT_S = 60  # a step asked to stop (USR1) gets this long before it is terminated
 
 
 def format_time(minutes: int) -> str:
@@ -177,9 +178,14 @@ trap 'forward_signal TERM' TERM
 """
 
 _WAIT_AND_DECIDE = """\
-# When one step ends, the others have nothing left to do: ask them to stop cleanly.
+# When one step ends, the others have nothing left to do: ask them to stop cleanly. srun
+# relays USR1 to its tasks and keeps the step (a TERM would end it within KillWait), so
+# USR1 first, and TERM only for a step still running after {stop_wait_s} s.
 all_alive() {{ for pid in "${{step_pids[@]}}"; do kill -0 "$pid" 2>/dev/null || return 1; done; }}
+any_alive() {{ for pid in "${{step_pids[@]}}"; do kill -0 "$pid" 2>/dev/null && return 0; done; return 1; }}
 while all_alive; do sleep 5 & wait $! || true; done
+kill -s USR1 "${{step_pids[@]}}" 2>/dev/null || true
+for _ in $(seq {stop_wait_s}); do any_alive || break; sleep 1 & wait $! || true; done
 kill -TERM "${{step_pids[@]}}" 2>/dev/null || true
 
 trainer_rc=0
@@ -246,6 +252,7 @@ def _body(plan: JobPlan) -> list[str]:
     lines += [
         "",
         _WAIT_AND_DECIDE.format(
+            stop_wait_s=STOP_WAIT_S,
             requeue_rc=REQUEUE_EXIT_CODE,
             max_restarts=plan.max_restarts,
             cancel_request=CANCEL_REQUEST_NAME,
