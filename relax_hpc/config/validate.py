@@ -36,6 +36,7 @@ def validate_run_config(cfg: RunConfig, check_paths: bool = False) -> None:
     _check_mode(cfg)
     _check_backends(cfg)
     _check_trainer_layout(cfg.trainer)
+    _check_megatron(cfg)
     _check_rollout_layout(cfg)
     _check_batch_shape(cfg)
     _check_cluster(cfg)
@@ -210,6 +211,28 @@ def _check_trainer_layout(trainer: TrainerConfig) -> None:
         raise ConfigError(
             "trainer.parallel.expert",
             f"expert parallel {layout.expert} must divide data x context = {data * layout.context}",
+        )
+
+
+def _check_megatron(cfg: RunConfig) -> None:
+    """What the megatron backend does not run yet (see ``MegatronSettings.check_supported``)."""
+    if cfg.trainer.backend != "megatron":
+        return
+    layout = cfg.trainer.parallel
+    for name in ("pipeline", "context", "expert"):
+        if getattr(layout, name) != 1:
+            raise ConfigError(
+                f"trainer.parallel.{name}",
+                f"the megatron backend does not support {name} parallelism yet (got "
+                f"{getattr(layout, name)}); set trainer.parallel.{name}=1 "
+                "(tensor and data parallelism are supported)",
+            )
+    # The same test as relax_hpc.algo.resolve(...).needs_critic, without importing the losses.
+    if cfg.algo.with_algorithm_defaults().advantage_estimator == "gae":
+        raise ConfigError(
+            "trainer.backend",
+            f"algo {cfg.algo.name!r} needs a critic (GAE), which the megatron backend does not "
+            "have yet; use trainer.backend=torch or a critic-free algo such as grpo",
         )
 
 

@@ -107,6 +107,13 @@ def full_policy_weights(policy: torch.nn.Module, world_size: int) -> dict[str, t
     )
 
 
+def policy_weights(cfg: RunConfig, nets: Networks, world_size: int) -> dict[str, torch.Tensor]:
+    """HF-named tensors of the whole policy for weight sync (collective; every rank calls it)."""
+    if cfg.trainer.backend == "megatron":
+        return nets.policy.hf_state_dict()
+    return full_policy_weights(nets.policy.network, world_size)
+
+
 def run_trainer(cfg: RunConfig, paths: RunPaths, identity: TaskIdentity) -> int:
     torch.set_num_threads(cfg.trainer.torch_threads)
     device = torch.device(f"cuda:{identity.local_rank}" if cfg.trainer.gpus_per_node else "cpu")
@@ -135,7 +142,7 @@ def run_trainer(cfg: RunConfig, paths: RunPaths, identity: TaskIdentity) -> int:
     store = CheckpointStore(paths, cfg.trainer.checkpoint_keep, identity.rank, _barrier(identity))
 
     def publish_weights(policy_version: int) -> dict[str, float]:
-        weights = full_policy_weights(nets.policy.network, identity.world_size)
+        weights = policy_weights(cfg, nets, identity.world_size)
         if sender is None:
             return {}
         report = sender.sync(weights, policy_version)
@@ -152,7 +159,9 @@ def run_trainer(cfg: RunConfig, paths: RunPaths, identity: TaskIdentity) -> int:
         reader=reader,
         publish_weights=publish_weights,
         store=store,
-        checkpoint_state=lambda: _checkpoint_state(nets, trainer.progress, reader),
+        checkpoint_state=lambda: _checkpoint_state(
+            nets, trainer.progress, reader, policy_to_save(cfg, nets, paths, trainer.progress.step)
+        ),
         stop=stop,
         metrics=metrics,
         broadcast_groups=torch_broadcast_groups(identity.rank)
@@ -163,9 +172,9 @@ def run_trainer(cfg: RunConfig, paths: RunPaths, identity: TaskIdentity) -> int:
     _resume_or_publish_initial(cfg, paths, store, trainer, nets, reader, publish_weights)
     exit_code = trainer.run()
     if exit_code == 0:
-        weights = full_policy_weights(nets.policy.network, identity.world_size)  # collective
+        export_policy(cfg, paths, nets, tokenizer, identity)  # collective
         if leader:
-            _finish(paths, nets, tokenizer, trainer, weights)
+            _finish(paths, trainer)
     metrics.close()
     if sender is not None:
         sender.close()
@@ -173,6 +182,7 @@ def run_trainer(cfg: RunConfig, paths: RunPaths, identity: TaskIdentity) -> int:
 
 
 def _settings(cfg: RunConfig, tokenizer, identity: TaskIdentity) -> LoopSettings:
+    rank, world_size = data_parallel_layout(cfg, identity)
     return LoopSettings(
         total_steps=cfg.trainer.total_steps,
         prompts_per_step=cfg.rollout.prompts_per_step,
@@ -182,19 +192,50 @@ def _settings(cfg: RunConfig, tokenizer, identity: TaskIdentity) -> LoopSettings
         mini_batches_per_step=cfg.trainer.mini_batches_per_step,
         temperature=cfg.rollout.temperature,
         pad_token_id=tokenizer.pad_token_id,
-        rank=identity.rank,
-        world_size=identity.world_size,
+        rank=rank,
+        world_size=world_size,
         audit_sample_ids=cfg.observe.audit_sample_ids,
     )
 
 
-def _checkpoint_state(nets: Networks, progress, reader) -> dict:
+def data_parallel_layout(cfg: RunConfig, identity: TaskIdentity) -> tuple[int, int]:
+    """(rank, world_size) the update splits rows by: every rank for torch (FSDP2 is pure data
+    parallel), Megatron's data-parallel group for megatron (a TP group trains the same rows)."""
+    if cfg.trainer.backend != "megatron":
+        return identity.rank, identity.world_size
+    from relax_hpc.trainer.megatron_wiring import data_parallel_layout as megatron_layout
+
+    return megatron_layout()
+
+
+def policy_to_save(cfg: RunConfig, nets: Networks, paths: RunPaths, step: int):
+    """The policy's checkpoint entry for megatron (``MegatronPolicyState``); None for torch."""
+    if cfg.trainer.backend != "megatron":
+        return None
+    from relax_hpc.trainer.megatron_wiring import MegatronPolicyState
+
+    return MegatronPolicyState.for_save(nets.policy, paths, step)
+
+
+def policy_to_load(cfg: RunConfig, nets: Networks, checkpoint_path: Path):
+    if cfg.trainer.backend != "megatron":
+        return None
+    from relax_hpc.trainer.megatron_wiring import MegatronPolicyState
+
+    return MegatronPolicyState.for_load(nets.policy, checkpoint_path)
+
+
+def _checkpoint_state(nets: Networks, progress, reader, megatron_policy=None) -> dict:
+    """Stateful entries of a checkpoint; ``megatron_policy`` from ``policy_to_save/_load``."""
     state = {
-        "policy": ModelAndOptimizer(nets.policy.network, nets.policy.optimizer),
+        "policy": ModelAndOptimizer(nets.policy.network, nets.policy.optimizer)
+        if megatron_policy is None
+        else megatron_policy,
         "progress": OpaqueState(progress),
         "rng": OpaqueState(RngState()),
-        "scheduler": OpaqueState(nets.policy.scheduler),
     }
+    if megatron_policy is None:  # Megatron's own checkpoint holds its scheduler
+        state["scheduler"] = OpaqueState(nets.policy.scheduler)
     if nets.critic is not None:
         state["critic"] = ModelAndOptimizer(nets.critic.network, nets.critic.optimizer)
     if reader is not None:
@@ -212,17 +253,32 @@ def _resume_or_publish_initial(cfg, paths, store, trainer, nets, reader, publish
     if info is None:
         log.info("trainer: starting from the initial policy (version 0)")
     else:
-        store.load(info, _checkpoint_state(nets, trainer.progress, reader))
+        megatron_policy = policy_to_load(cfg, nets, info.path)
+        store.load(info, _checkpoint_state(nets, trainer.progress, reader, megatron_policy))
         log.info("trainer: resumed from %s (step %d)", info.path, info.step)
     publish_weights(trainer.progress.policy_version)
 
 
-def _finish(paths: RunPaths, nets: Networks, tokenizer, trainer: Trainer, weights) -> None:
-    """Export the final policy as a Hugging Face folder and mark the run finished."""
-    nets.policy.network.save_pretrained(
-        paths.export_dir, state_dict=weights, safe_serialization=True
-    )
-    tokenizer.save_pretrained(paths.export_dir)
+def export_policy(
+    cfg: RunConfig, paths: RunPaths, nets: Networks, tokenizer, identity: TaskIdentity
+) -> None:
+    """The final policy as a Hugging Face folder (collective; rank 0 writes)."""
+    leader = identity.rank == 0
+    if cfg.trainer.backend == "megatron":
+        from relax_hpc.trainer import megatron_wiring
+
+        megatron_wiring.export_policy(nets.policy, tokenizer, paths.export_dir, leader)
+        return
+    weights = full_policy_weights(nets.policy.network, identity.world_size)
+    if leader:
+        nets.policy.network.save_pretrained(
+            paths.export_dir, state_dict=weights, safe_serialization=True
+        )
+        tokenizer.save_pretrained(paths.export_dir)
+
+
+def _finish(paths: RunPaths, trainer: Trainer) -> None:
+    """Mark the run finished (after ``export_policy``): the summary and the audit."""
     summary = {
         "step": trainer.progress.step,
         "samples": trainer.progress.samples,

@@ -25,6 +25,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from relax_hpc.algo import entropy_from_logits
+from relax_hpc.checkpoint.stateful import ModelAndOptimizer, OpaqueState
 from relax_hpc.trainer import megatron_mapping as mapping
 from relax_hpc.trainer.batch import TrainBatch, gather_response, token_budget_chunks
 from relax_hpc.trainer.megatron_model import (
@@ -164,19 +165,45 @@ class MegatronModel:
         return gather_hf_state(self.gpt_model, self.shape, self.spec_name)
 
     def save_checkpoint(self, checkpoint_dir: Path) -> None:
-        """Model + distributed-optimizer state in Megatron's torch_dist (DCP) format."""
+        """Model + distributed-optimizer state in Megatron's torch_dist (DCP) format.
+
+        Collective. On CPU (plain torch optimizer, one process) a plain DCP checkpoint of the
+        same state: Megatron 0.16's torch_dist writer calls ``torch.cuda.synchronize``.
+        """
+        checkpoint_dir.mkdir(parents=True, exist_ok=True)
+        if self._on_cpu_optimizer:
+            import torch.distributed.checkpoint as dcp
+
+            dcp.save(self._torch_state(), checkpoint_id=str(checkpoint_dir))
+            return
         from megatron.core import dist_checkpointing
 
-        checkpoint_dir.mkdir(parents=True, exist_ok=True)
         dist_checkpointing.save(self._sharded_state(is_loading=False), str(checkpoint_dir))
 
     def load_checkpoint(self, checkpoint_dir: Path) -> None:
+        if self._on_cpu_optimizer:
+            import torch.distributed.checkpoint as dcp
+
+            dcp.load(self._torch_state(), checkpoint_id=str(checkpoint_dir))
+            return
         from megatron.core import dist_checkpointing
 
         state = dist_checkpointing.load(self._sharded_state(is_loading=True), str(checkpoint_dir))
         load_weights_checked(self.gpt_model, state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
+
+    @property
+    def _on_cpu_optimizer(self) -> bool:
+        """``cpu_training_wrappers``: a bare model and a torch optimizer (no Megatron DDP)."""
+        return isinstance(self.optimizer, torch.optim.Optimizer)
+
+    def _torch_state(self) -> dict[str, Any]:
+        assert self.optimizer is not None and self.scheduler is not None
+        return {
+            "model_and_optimizer": ModelAndOptimizer(self.network, self.optimizer),
+            "scheduler": OpaqueState(self.scheduler),
+        }
 
     def _sharded_state(self, is_loading: bool) -> dict[str, Any]:
         assert self.optimizer is not None and self.scheduler is not None

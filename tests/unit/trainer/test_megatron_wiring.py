@@ -1,0 +1,89 @@
+"""The megatron branch of the trainer wiring (relax_hpc/trainer/main.py) on CPU, one gloo process.
+
+Checkpoints go through the functions ``run_trainer`` uses (``_checkpoint_state`` with
+``policy_to_save``/``policy_to_load``, ``CheckpointStore``). On CPU ``MegatronModel`` saves a
+plain DCP checkpoint in its subfolder; Megatron's torch_dist format needs CUDA (tests/gpu).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from megatron_factories import tiny_qwen3
+
+from relax_hpc.checkpoint.store import CheckpointStore, latest_checkpoint
+from relax_hpc.config.schema import RunConfig, TrainerConfig
+from relax_hpc.paths import RunPaths
+from relax_hpc.trainer.loop import Progress
+from relax_hpc.trainer.update import Networks
+
+pytest.importorskip("megatron.core")
+pytestmark = pytest.mark.filterwarnings("ignore::UserWarning", "ignore::DeprecationWarning")
+
+CPU = torch.device("cpu")
+CFG = RunConfig(name="wiring", trainer=TrainerConfig(backend="megatron"))
+
+
+def megatron_nets(settings, seed: int = 0) -> Networks:
+    from relax_hpc.trainer.megatron_backend import OptimizerSettings, megatron_model_from_hf
+
+    optim = OptimizerSettings(lr=1e-2, warmup_steps=2)
+    policy = megatron_model_from_hf(tiny_qwen3(False, seed), settings, CPU, 64, optim)
+    return Networks(policy=policy)
+
+
+def train_one_step(nets: Networks, input_ids_BL: torch.Tensor) -> None:
+    nets.policy.zero_grad()
+    nets.policy.logits(input_ids_BL).logsumexp(-1).mean().backward()
+    nets.policy.optimizer_step()
+
+
+def test_checkpoint_round_trip_through_the_store(megatron_world, tmp_path):
+    from relax_hpc.trainer.main import _checkpoint_state, policy_to_load, policy_to_save
+
+    paths = RunPaths(tmp_path / "run")
+    input_ids_BL = torch.randint(0, 128, (2, 9), generator=torch.Generator().manual_seed(0))
+    nets, progress = megatron_nets(megatron_world), Progress(step=1)
+    train_one_step(nets, input_ids_BL)
+    state = _checkpoint_state(nets, progress, None, policy_to_save(CFG, nets, paths, 1))
+    CheckpointStore(paths, keep=2).save(1, state)
+
+    info = latest_checkpoint(paths)
+    assert info is not None and info.step == 1
+    assert (info.path / "megatron").is_dir()  # inside the folder marked COMPLETE
+    assert not list(paths.checkpoints_dir.glob("*.partial"))
+
+    fresh, fresh_progress = megatron_nets(megatron_world, seed=1), Progress()
+    state = _checkpoint_state(fresh, fresh_progress, None, policy_to_load(CFG, fresh, info.path))
+    CheckpointStore(paths, keep=2).load(info, state)
+    assert fresh_progress.step == 1
+    with torch.no_grad():
+        assert torch.equal(fresh.policy.logits(input_ids_BL), nets.policy.logits(input_ids_BL))
+    assert fresh.policy.scheduler.state_dict() == nets.policy.scheduler.state_dict()
+    # Same optimizer state: one more identical step keeps the two models identical.
+    train_one_step(nets, input_ids_BL)
+    train_one_step(fresh, input_ids_BL)
+    with torch.no_grad():
+        assert torch.equal(fresh.policy.logits(input_ids_BL), nets.policy.logits(input_ids_BL))
+
+
+def test_sync_weights_are_the_hf_models(megatron_world):
+    from relax_hpc.trainer.main import policy_weights
+
+    nets = megatron_nets(megatron_world, seed=2)
+    expected = tiny_qwen3(False, seed=2).state_dict()
+    weights = policy_weights(CFG, nets, world_size=1)
+    assert weights.keys() == expected.keys()
+    for name, tensor in expected.items():
+        assert torch.equal(weights[name], tensor), name
+
+
+def test_update_splits_rows_by_the_data_parallel_group(megatron_world):
+    from relax_hpc.runtime import TaskIdentity
+    from relax_hpc.trainer.main import data_parallel_layout
+
+    # A global rank 3 of 8 (as under TP): the layout comes from Megatron's group (here 0 of 1).
+    identity = TaskIdentity(3, 8, 3, job_id="local-1", restart_count=0, launcher="none")
+    assert data_parallel_layout(CFG, identity) == (0, 1)
+    torch_cfg = RunConfig(name="wiring", trainer=TrainerConfig(backend="torch"))
+    assert data_parallel_layout(torch_cfg, identity) == (3, 8)
