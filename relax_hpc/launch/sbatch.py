@@ -167,11 +167,12 @@ step_pids=()
 step_roles=()
 got_signal=""
 # Slurm's advance warning ({signal}, the B: in --signal) and preemption's TERM reach this
-# shell; each step's processes react to it (checkpoint at the next step boundary).
+# shell; it asks the steps to stop with {signal} (checkpoint at the next step boundary),
+# which srun relays to its tasks; a TERM to srun would end the step within KillWait.
 forward_signal() {{
-  echo "relax_hpc: got SIG$1, forwarding to the job steps" >&2
+  echo "relax_hpc: got SIG$1, asking the job steps to stop ({signal})" >&2
   got_signal=${{got_signal:-SIG$1}}
-  kill -s "$1" "${{step_pids[@]}}" 2>/dev/null || true
+  kill -s {signal} "${{step_pids[@]}}" 2>/dev/null || true
 }}
 trap 'forward_signal {signal}' {signal}
 trap 'forward_signal TERM' TERM
