@@ -41,9 +41,9 @@ class ModelConfig:
     tokenizer: str = "auto"  # auto = from path | char = built-in offline tokenizer | a folder
     modality: str = "text"  # text | vision | audio | omni
     dtype: str = "auto"  # auto = float32 on CPU, bfloat16 on GPU
-    reference_path: str | None = None  # reference policy for KL; None = the initial policy
+    reference_path: str | None = None  # reference policy for KL/TIS; None = the initial policy
     teacher_path: str | None = None  # teacher for on-policy distillation
-    critic_path: str | None = None  # critic init for PPO; None = policy weights + value head
+    critic_path: str | None = None  # critic body for PPO; None = the initial policy (+ value head)
     # Supervised warm start on the synthetic task before RL (built-in models only); cached
     # under $RELAX_HPC_CACHE_DIR (default ~/.cache/relax_hpc) so that it runs once.
     warm_start: bool = False
@@ -102,8 +102,6 @@ class RolloutConfig:
     stop: list[str] = field(default_factory=list)
     reward: str = "exact_match"  # a name in the reward registry, or module:function
     reward_timeout_s: float = 10.0
-    max_turns: int = 1  # > 1 for multi-turn environments
-    environment: str = "single_turn"
     engine_mem_fraction: float = 0.85  # sglang: static memory fraction of each GPU
     eval_interval_steps: int = 10  # greedy held-out eval every N policy versions (0 = off)
     torch_threads: int = 1

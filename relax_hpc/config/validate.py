@@ -80,7 +80,6 @@ def _check_positive(cfg: RunConfig) -> None:
         "rollout.prompts_per_step": cfg.rollout.prompts_per_step,
         "rollout.n_samples_per_prompt": cfg.rollout.n_samples_per_prompt,
         "rollout.max_new_tokens": cfg.rollout.max_new_tokens,
-        "rollout.max_turns": cfg.rollout.max_turns,
         "cluster.time_min": cfg.cluster.time_min,
     }
     for name, value in fields.items():

@@ -52,18 +52,38 @@ def initial_model_config(cfg: RunConfig):
     return warm_started_model_config(cfg.model, folder)
 
 
+def _from_path_or_copy(cfg: RunConfig, path: str | None, initial, tokenizer, dtype):
+    """The model at ``path`` (reference, critic body, teacher), else a copy of ``initial``.
+
+    Models from a path share the policy's tokenizer: their vocabularies must match.
+    """
+    if path is None:
+        return frozen_copy(initial)
+    model_cfg = dataclasses.replace(cfg.model, path=path, tokenizer="auto", arch={})
+    return build_causal_lm(model_cfg, tokenizer, dtype)
+
+
 def build_networks(cfg: RunConfig, device: torch.device, world_size: int):
     spec = resolve(cfg.algo)
     model_cfg = initial_model_config(cfg)
     tokenizer = build_tokenizer(model_cfg)
     dtype = resolve_dtype(cfg.model.dtype, device)
     policy_net = build_causal_lm(model_cfg, tokenizer, dtype, seed=cfg.seed)
-    reference_net = frozen_copy(policy_net) if spec.needs_reference else None
-    critic_net = ValueHead(frozen_copy(policy_net)).to(dtype) if spec.needs_critic else None
+    reference_net = (
+        _from_path_or_copy(cfg, cfg.model.reference_path, policy_net, tokenizer, dtype)
+        if spec.needs_reference
+        else None
+    )
+    critic_net = (
+        ValueHead(_from_path_or_copy(cfg, cfg.model.critic_path, policy_net, tokenizer, dtype)).to(
+            dtype
+        )
+        if spec.needs_critic
+        else None
+    )
     teacher_net = None
     if spec.needs_teacher:
-        teacher_cfg = dataclasses.replace(cfg.model, path=cfg.model.teacher_path, tokenizer="auto")
-        teacher_net = build_causal_lm(teacher_cfg, tokenizer, dtype)
+        teacher_net = _from_path_or_copy(cfg, cfg.model.teacher_path, None, tokenizer, dtype)
     if cfg.trainer.backend == "megatron":
         from relax_hpc.trainer.megatron_backend import megatron_networks
 
