@@ -7,6 +7,7 @@ YAML reader; callers get plain dataclasses back.
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 from omegaconf import OmegaConf
@@ -15,6 +16,19 @@ from omegaconf.errors import OmegaConfBaseException
 from relax_hpc.config.errors import ConfigError
 from relax_hpc.config.schema import RunConfig
 from relax_hpc.paths import atomic_write_text
+
+log = logging.getLogger(__name__)
+
+# Keys that earlier versions wrote and that no longer exist. A run submitted before an
+# upgrade, then requeued after it, must still load: these are dropped with a warning.
+# Any other unknown key is still an error.
+REMOVED_KEYS = (
+    "rollout.max_turns",
+    "rollout.environment",
+    "observe.tensorboard",
+    "observe.progress_bar",
+    "observe.log_interval_steps",
+)
 
 
 def run_config_to_yaml(cfg: RunConfig) -> str:
@@ -32,10 +46,21 @@ def load_run_config(path: Path | str) -> RunConfig:
     if not path.is_file():
         raise ConfigError(str(path), "no resolved config here; is this a relax_hpc run directory?")
     try:
-        merged = OmegaConf.merge(OmegaConf.structured(RunConfig), OmegaConf.load(path))
+        stored = _without_removed_keys(OmegaConf.load(path), path)
+        merged = OmegaConf.merge(OmegaConf.structured(RunConfig), stored)
         cfg = OmegaConf.to_object(merged)
     except OmegaConfBaseException as err:
         key = getattr(err, "full_key", None) or str(path)
         raise ConfigError(key, f"{err.msg if hasattr(err, 'msg') else err} (in {path})") from None
     assert isinstance(cfg, RunConfig)
     return cfg
+
+
+def _without_removed_keys(stored, path: Path):
+    for dotted in REMOVED_KEYS:
+        section, key = dotted.rsplit(".", 1)
+        node = OmegaConf.select(stored, section)
+        if node is not None and key in node:
+            log.warning("config: %s (in %s) is no longer used; ignored", dotted, path)
+            del node[key]
+    return stored

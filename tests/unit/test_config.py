@@ -130,3 +130,19 @@ def test_prepare_only_writes_the_run_directory_and_submits_nothing(tmp_path, cap
     )
     assert load_run_config(paths.resolved_config).seed == stored.seed
     assert "resuming it with its own config.yaml" in capsys.readouterr().err
+
+
+def test_a_config_written_by_an_earlier_version_still_loads(tmp_path, caplog):
+    """A run submitted before an upgrade and requeued after it keeps running."""
+    from relax_hpc.config import load_run_config, run_config_to_yaml
+    from relax_hpc.config.compose import compose_run_config
+
+    text = run_config_to_yaml(compose_run_config(["+experiment=grpo_tiny"]))
+    old = text.replace("rollout:\n", "rollout:\n  max_turns: 1\n  environment: single_turn\n", 1)
+    path = tmp_path / "config.yaml"
+    path.write_text(old)
+    assert load_run_config(path).rollout.max_new_tokens > 0
+    assert "rollout.max_turns" in caplog.text
+    path.write_text(text.replace("rollout:\n", "rollout:\n  max_turnz: 1\n", 1))
+    with pytest.raises(ConfigError, match="max_turnz"):
+        load_run_config(path)
