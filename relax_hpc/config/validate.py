@@ -37,6 +37,7 @@ def validate_run_config(cfg: RunConfig, check_paths: bool = False) -> None:
     _check_backends(cfg)
     _check_trainer_layout(cfg.trainer)
     _check_megatron(cfg)
+    _check_weightsync_transport(cfg)
     _check_rollout_layout(cfg)
     _check_batch_shape(cfg)
     _check_cluster(cfg)
@@ -232,6 +233,16 @@ def _check_megatron(cfg: RunConfig) -> None:
             "trainer.backend",
             f"algo {cfg.algo.name!r} needs a critic (GAE), which the megatron backend does not "
             "have yet; use trainer.backend=torch or a critic-free algo such as grpo",
+        )
+
+
+def _check_weightsync_transport(cfg: RunConfig) -> None:
+    """SGLang's distributed update needs SGLang engines on the other end."""
+    if cfg.weightsync.transport == "sglang_distributed" and cfg.rollout.backend != "sglang":
+        raise ConfigError(
+            "weightsync.transport",
+            "sglang_distributed broadcasts into SGLang's own update group and needs "
+            f"rollout.backend=sglang (got {cfg.rollout.backend!r}); use weightsync.transport=buckets",
         )
 
 

@@ -11,15 +11,21 @@ Routes, and what each is verified by:
    against its manifest (size and crc32) and loads it with ``update_weights_from_disk``:
    SGLang reads the safetensors itself, each TP rank its own shard, nothing is copied
    through this process. Its version seeds the receiver (``initial_policy_version``).
-3. SGLang's distributed update (``SGLangEngine.init_weights_update_group`` and
-   ``update_weights_from_distributed`` with names/dtypes/shapes from a manifest) is
-   written against the API but not wired: SGLang receives one broadcast per tensor in its
-   own group, while our ``WeightSender`` broadcasts packed uint8 buckets in ours. Using it
-   needs a trainer-side sender for that protocol.
+3. SGLang's distributed update (``weightsync.transport=sglang_distributed``): a
+   ``PerTensorReceiver`` (``weightsync.per_tensor``) reads the signed plan, then
+   ``SGLangDistributedTarget`` has SGLang join the trainer's group
+   (``init_weights_update_group``, this engine's ranks from the plan's ``rank_offset``)
+   and receive every tensor of the manifest (``update_weights_from_distributed``, names,
+   dtypes, shapes in broadcast order). Verified by: the plan's signature (checked before
+   SGLang is called) and SGLang's success reply; SGLang exposes no checksum of what it
+   loaded, so the trainer's per-tensor checksums cannot be compared here (``verify``
+   accepts). The receiver stamps ``policy_version`` only after both.
 
 Verified on CPU (with a stand-in engine): routes 1 and 2 call the right SGLang methods
-and refuse a corrupt export. Only a GPU run shows SGLang accepting the tensors and the
-folder (tests/gpu/test_sglang_engine.py).
+and refuse a corrupt export; route 3's calls and arguments; the trainer side of route 3
+against a process that receives exactly as SGLang's workers do (tests/dist/). Only a GPU
+run shows SGLang accepting the tensors, the folder and the broadcasts
+(tests/gpu/test_sglang_engine.py).
 
 Must not: import the trainer, or change the weight-sync protocol.
 """
@@ -35,7 +41,8 @@ from torch import Tensor
 
 from relax_hpc.paths import RunPaths, read_json
 from relax_hpc.rollout.engines.sglang_engine import SGLangEngine
-from relax_hpc.weightsync import WeightVerificationError, fs_export
+from relax_hpc.weightsync import WeightVerificationError, fs_export, protocol
+from relax_hpc.weightsync.per_tensor import GroupEndpoint
 
 log = logging.getLogger(__name__)
 CRC_CHUNK_BYTES = 64 << 20
@@ -65,6 +72,43 @@ class SGLangWeightLoader:
         self.engine.update_weights_from_disk(version_dir, version)
         log.info("rollout: SGLang loaded published policy_version %d from disk", version)
         return version
+
+
+class SGLangDistributedTarget:
+    """A ``PerTensorEngine`` (see ``weightsync.per_tensor``) backed by an ``SGLangEngine``."""
+
+    def __init__(self, engine: SGLangEngine) -> None:
+        self.engine = engine
+        self.num_ranks = engine.tensor_parallel
+        self._group_name = ""
+
+    def join_group(self, endpoint: GroupEndpoint) -> None:
+        self.engine.init_weights_update_group(
+            master_address=endpoint.master_address,
+            master_port=endpoint.master_port,
+            rank_offset=endpoint.rank_offset,
+            world_size=endpoint.world_size,
+            backend=endpoint.backend,
+            group_name=endpoint.group_name,
+        )
+        self._group_name = endpoint.group_name
+
+    def receive(self, specs: list[protocol.TensorSpec]) -> None:
+        """Blocks until SGLang loaded every tensor; raises ``SGLangCallFailed`` otherwise."""
+        self.engine.update_weights_from_distributed(specs, None, self._group_name)
+
+    def verify(self, specs: list[protocol.TensorSpec], checksums: list[int], algo: str) -> None:
+        """SGLang's success reply is the verification (see the module docstring)."""
+        if len(checksums) != len(specs):
+            raise WeightVerificationError(
+                f"digest has {len(checksums)} checksums for {len(specs)} tensors"
+            )
+
+    def leave_group(self, group_name: str) -> None:
+        try:
+            self.engine.destroy_weights_update_group(group_name)
+        except Exception as error:  # a broken group may not tear down cleanly; it is unused
+            log.warning("rollout: leaving SGLang weight-update group %s: %s", group_name, error)
 
 
 def verify_published_dir(version_dir: Path) -> None:

@@ -32,7 +32,7 @@ from relax_hpc.trainer.loop import (
 )
 from relax_hpc.trainer.torch_backend import TorchModel, ValueHead, frozen_copy, shard_with_fsdp2
 from relax_hpc.trainer.update import Networks
-from relax_hpc.weightsync import WeightSender
+from relax_hpc.weightsync import make_weight_sender
 
 log = logging.getLogger(__name__)
 HISTORY_SUMMARY_STEPS = 5  # steps averaged for the start and end of the reward curve
@@ -144,7 +144,7 @@ def run_trainer(cfg: RunConfig, paths: RunPaths, identity: TaskIdentity) -> int:
     leader = identity.rank == 0
     if leader:
         paths.trainer_done.unlink(missing_ok=True)  # from an earlier completion of this run
-    sender = WeightSender(paths, cfg.weightsync, device, identity.attempt) if leader else None
+    sender = make_weight_sender(paths, cfg.weightsync, device, identity.attempt) if leader else None
     if sender is not None:
         sender.start()  # before the model is built: rollout engines can register meanwhile
     spec, tokenizer, nets = build_networks(cfg, device, identity.world_size)

@@ -10,6 +10,8 @@ meet only in the run directory. Modules, by responsibility:
 - ``group``: TCPStore and one standalone Gloo/NCCL group per membership generation.
 - ``sender``: ``WeightSender`` for trainer rank 0; the round protocol is documented there.
 - ``receiver``: ``WeightReceiver`` for rollout engines; fail-closed semantics.
+- ``per_tensor``: ``transport=sglang_distributed``: ``PerTensorSender``/``PerTensorReceiver``,
+  one broadcast per tensor into SGLang's own update group; ``make_weight_sender``.
 - ``fs_export``: ``weights/v{N}/`` safetensors export and loading.
 - ``events``: JSON event files for alerts.
 
@@ -23,10 +25,13 @@ from relax_hpc.weightsync.errors import (
     WeightSyncTimeout,
     WeightVerificationError,
 )
+from relax_hpc.weightsync.per_tensor import PerTensorReceiver, PerTensorSender, make_weight_sender
 from relax_hpc.weightsync.receiver import WeightReceiver, WeightUpdate, module_loader
 from relax_hpc.weightsync.sender import SyncReport, WeightSender
 
 __all__ = [
+    "PerTensorReceiver",
+    "PerTensorSender",
     "SyncReport",
     "WeightReceiver",
     "WeightSender",
@@ -36,5 +41,6 @@ __all__ = [
     "WeightSyncTimeout",
     "WeightUpdate",
     "WeightVerificationError",
+    "make_weight_sender",
     "module_loader",
 ]

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 BACKENDS = ("auto", "gloo", "nccl")
 SERVE_DTYPES = ("bfloat16", "float16", "float32", "same")
+TRANSPORTS = ("buckets", "sglang_distributed")
 
 
 @dataclass
@@ -27,6 +28,9 @@ class WeightSyncConfig:
     advertise_host: address engines use to reach the trainer ("" = this host's FQDN).
     port: TCP port of the trainer's rendezvous store (0 = any free port).
     poll_s: sleep between checks of a condition (store keys, files).
+    transport: ``buckets`` (``WeightSender``/``WeightReceiver``: packed buckets, checksummed
+        on the receiver) or ``sglang_distributed`` (``per_tensor``: one broadcast per tensor
+        straight into SGLang's tensor-parallel workers; rollout.backend must be sglang).
     """
 
     backend: str = "auto"
@@ -40,6 +44,7 @@ class WeightSyncConfig:
     advertise_host: str = ""
     port: int = 0
     poll_s: float = 0.02
+    transport: str = "buckets"
 
     def validate(self) -> WeightSyncConfig:
         """Raise ``ValueError`` naming the first bad field as ``weightsync.<field>``."""
@@ -53,6 +58,7 @@ class WeightSyncConfig:
             ("fs_keep_versions", self.fs_keep_versions >= 1, "at least 1"),
             ("port", 0 <= self.port <= 65535, "0 (any free port) or a TCP port"),
             ("poll_s", 0 < self.poll_s <= self.timeout_s, "positive and at most timeout_s"),
+            ("transport", self.transport in TRANSPORTS, f"one of {', '.join(TRANSPORTS)}"),
         )
         for field, ok, expected in checks:
             if not ok:

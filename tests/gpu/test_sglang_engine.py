@@ -3,12 +3,15 @@
 Checks what the CPU tests cannot: that ``sglang.Engine`` accepts our requests, that its
 log-probs follow the convention of ``engines/base.py`` (recomputed with transformers from
 the same weights), and that weight updates from the trainer's ``weights/v{N}/`` export
-(``update_weights_from_disk``) and from tensors (``update_weights_from_tensor``) change
+(``update_weights_from_disk``), from tensors (``update_weights_from_tensor``) and by
+SGLang's distributed update driven by ``weightsync.transport=sglang_distributed`` change
 the served weights and the reported ``policy_version``. Needs one GPU and the ``gpu``
 extra (sglang); skipped otherwise.
 """
 
 from __future__ import annotations
+
+import threading
 
 import pytest
 import torch
@@ -19,8 +22,8 @@ from relax_hpc.models.tokenizer import build_char_tokenizer
 from relax_hpc.paths import RunPaths
 from relax_hpc.rollout.engines.base import GenerationRequest, SamplingParams
 from relax_hpc.rollout.engines.sglang_engine import SGLangEngine
-from relax_hpc.rollout.sglang_weights import SGLangWeightLoader
-from relax_hpc.weightsync import fs_export
+from relax_hpc.rollout.sglang_weights import SGLangDistributedTarget, SGLangWeightLoader
+from relax_hpc.weightsync import PerTensorReceiver, PerTensorSender, WeightSyncConfig, fs_export
 
 pytestmark = [
     pytest.mark.gpu,
@@ -130,3 +133,49 @@ def test_weights_from_the_trainer_export_and_from_tensors(served, tmp_path):
     completions = engine.generate(make_requests(tokenizer), greedy)
     assert {c.policy_version for c in completions} == {2}
     assert_logprobs_follow_the_convention(third_model.cuda(), completions, 1.0)
+
+
+def test_distributed_update_through_the_per_tensor_transport(served, tmp_path):
+    """The trainer's ``PerTensorSender`` broadcasts into SGLang's own update group.
+
+    NCCL refuses two ranks on one GPU, so with a second GPU the trainer sends from it
+    over NCCL; with one GPU the group uses Gloo (trainer tensors on the CPU, SGLang's
+    worker receiving into CUDA tensors).
+    """
+    engine, tokenizer = served
+    device = "cuda:1" if torch.cuda.device_count() > 1 else "cpu"
+    config = WeightSyncConfig(
+        transport="sglang_distributed",
+        timeout_s=120.0,
+        advertise_host="127.0.0.1",
+        fs_fallback=False,
+    )
+    paths = RunPaths(tmp_path).create()
+    sender = PerTensorSender(paths, config, device)
+    sender.start()
+    receiver = PerTensorReceiver(
+        paths, "sglang-0", config, SGLangDistributedTarget(engine), initial_policy_version=2
+    )
+    receiver.join()
+    sender.admit_pending()
+    assert sender.admitted_engines == ["sglang-0"]
+    new_model, _ = random_qwen3(seed=3)
+    updates = []
+
+    def poll() -> None:
+        updates.append(receiver.poll_for_update(lambda tensors: None, wait_s=180))
+
+    polling = threading.Thread(target=poll, daemon=True)
+    polling.start()
+    report = sender.sync(new_model.state_dict(), policy_version=5)
+    polling.join(timeout=240)
+    assert report.members == ["sglang-0"], report
+    assert updates and updates[0] is not None and updates[0].policy_version == 5
+    assert receiver.ready_to_generate and receiver.current_policy_version == 5
+    engine.policy_version = receiver.current_policy_version  # as rollout/main.py does
+    greedy = SamplingParams(greedy=True, max_new_tokens=MAX_NEW_TOKENS)
+    completions = engine.generate(make_requests(tokenizer), greedy)
+    assert {c.policy_version for c in completions} == {5}
+    assert_logprobs_follow_the_convention(new_model.cuda(), completions, 1.0)
+    receiver.close()
+    sender.close()

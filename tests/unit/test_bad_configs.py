@@ -70,6 +70,12 @@ BAD_CONFIGS = [
         QWEN + ["trainer.parallel.expert=2"], "trainer.parallel.expert", id="megatron-expert"
     ),
     pytest.param(QWEN + ["algo=ppo"], "trainer.backend", id="megatron-critic"),
+    pytest.param(
+        TINY + ["weightsync.transport=sglang_distributed"],
+        "weightsync.transport",
+        id="sglang-transport-without-sglang",
+    ),
+    pytest.param(TINY + ["weightsync.transport=carrier_pigeon"], "weightsync", id="bad-transport"),
 ]
 
 

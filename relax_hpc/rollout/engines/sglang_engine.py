@@ -87,6 +87,7 @@ class SGLangEngine(Engine):
         if not 0 < mem_fraction < 1:
             raise ValueError(f"mem_fraction must be in (0, 1), got {mem_fraction}")
         self.model_path = str(model_path)
+        self.tensor_parallel = tensor_parallel  # processes joining a weight-update group
         self.policy_version = policy_version
         self.memory_saver = memory_saver
         server_args = {
@@ -203,14 +204,28 @@ class SGLangEngine(Engine):
         require_success(result, "init_weights_update_group")
 
     def update_weights_from_distributed(
-        self, specs: Iterable[Any], policy_version: int, group_name: str = WEIGHT_UPDATE_GROUP
+        self,
+        specs: Iterable[Any],
+        policy_version: int | None,
+        group_name: str = WEIGHT_UPDATE_GROUP,
     ) -> None:
-        """Receive the tensors of ``specs`` (``name``/``dtype``/``shape``, broadcast order)."""
+        """Receive the tensors of ``specs`` (``name``/``dtype``/``shape``, broadcast order).
+
+        ``policy_version=None`` leaves the version to the caller (the weight receiver stamps
+        it after its own checks).
+        """
         result = self._engine.update_weights_from_distributed(
             group_name=group_name, flush_cache=True, **distributed_update_args(specs)
         )
         require_success(result, "update_weights_from_distributed")
-        self.policy_version = policy_version
+        if policy_version is not None:
+            self.policy_version = policy_version
+
+    def destroy_weights_update_group(self, group_name: str = WEIGHT_UPDATE_GROUP) -> None:
+        """Leave a weight-update group (SGLang 0.5.6 has the call; older versions do not)."""
+        destroy = getattr(self._engine, "destroy_weights_update_group", None)
+        if destroy is not None:
+            require_success(destroy(group_name=group_name), "destroy_weights_update_group")
 
     # --- memory and lifetime -------------------------------------------------------------------
     def release_memory(self) -> None:
