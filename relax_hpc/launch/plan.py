@@ -118,8 +118,9 @@ def _rollout_plan(cfg: RunConfig, run_dir: str) -> RolePlan:
         role="rollout",
         backend=rollout.backend,
         nodes=rollout.nodes,
-        # GPU: one task per node starts that node's engines; CPU: one task per worker.
-        tasks_per_node=1 if on_gpu else rollout.workers_per_node,
+        # One task per engine: on GPU, task k of a node serves with its GPUs
+        # k*TP .. (k+1)*TP-1 (every task sees the node's GPUs); on CPU one per worker.
+        tasks_per_node=engines_per_node,
         gpus_per_node=rollout.gpus_per_node,
         cpus_per_task=rollout.cpus_per_task,
         mem_gb=rollout.mem_gb,

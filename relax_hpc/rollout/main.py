@@ -22,10 +22,11 @@ from relax_hpc.rollout.engines.sglang_engine import SGLangEngine
 from relax_hpc.rollout.engines.transformers_engine import TransformersEngine
 from relax_hpc.rollout.loop import RolloutSettings, RolloutWorker
 from relax_hpc.rollout.rewards import build_reward
-from relax_hpc.rollout.sglang_weights import SGLangWeightLoader
+from relax_hpc.rollout.sglang_weights import SGLangDistributedTarget, SGLangWeightLoader
 from relax_hpc.runtime import TaskIdentity
 from relax_hpc.spool import ShardWriter
 from relax_hpc.weightsync import (
+    PerTensorReceiver,
     WeightReceiver,
     WeightSyncError,
     WeightSyncRefused,
@@ -35,6 +36,7 @@ from relax_hpc.weightsync.receiver import LoadFn
 
 log = logging.getLogger(__name__)
 POLL_S = 0.5
+SGLANG_BASE_PORT = 30000  # SGLang's default; engine k of a node offsets it
 
 
 class EngineWeights:
@@ -94,18 +96,25 @@ class EngineWeights:
                 return False
 
 
+def engine_device(cfg: RunConfig, identity: TaskIdentity) -> torch.device:
+    """The first device of this task's engine: task k of a node serves on GPUs k*TP ..."""
+    if not cfg.rollout.gpus_per_node:
+        return torch.device("cpu")
+    return torch.device("cuda", identity.local_rank * cfg.rollout.engine_tensor_parallel)
+
+
 def build_engine(cfg: RunConfig, device: torch.device) -> tuple[Engine, object]:
     """``rollout.backend``: ``sglang`` (GPU, one engine per TP group) or ``transformers``."""
     tokenizer = build_tokenizer(cfg.model)
     if cfg.rollout.backend == "sglang":
-        return build_sglang_engine(cfg), tokenizer
+        return build_sglang_engine(cfg, device.index or 0), tokenizer
     model = build_causal_lm(
         cfg.model, tokenizer, resolve_dtype(cfg.model.dtype, device), seed=cfg.seed
     )
     return TransformersEngine(model.to(device), tokenizer), tokenizer
 
 
-def build_sglang_engine(cfg: RunConfig) -> SGLangEngine:
+def build_sglang_engine(cfg: RunConfig, first_gpu: int) -> SGLangEngine:
     if cfg.model.path is None:
         raise ValueError(
             "rollout.backend=sglang needs model.path (a local Hugging Face folder); "
@@ -118,6 +127,8 @@ def build_sglang_engine(cfg: RunConfig) -> SGLangEngine:
         mem_fraction=cfg.rollout.engine_mem_fraction,
         dtype=str(serve_dtype).removeprefix("torch."),
         seed=cfg.seed,
+        # several engines on one node: each its own GPUs and its own ports
+        extra_server_args={"base_gpu_id": first_gpu, "port": SGLANG_BASE_PORT + 16 * first_gpu},
     )
 
 
@@ -131,6 +142,25 @@ def engine_loader(engine: Engine, paths: RunPaths) -> tuple[LoadFn, int | None]:
         loader = SGLangWeightLoader(engine)
         return loader, loader.load_latest_published(paths)
     return module_loader(engine.model), None
+
+
+def build_receiver(
+    cfg: RunConfig, paths: RunPaths, identity: TaskIdentity, engine: Engine, loaded: int | None
+) -> WeightReceiver:
+    """Buckets through this process (any engine), or straight into SGLang's update group."""
+    engine_id = f"rollout-{identity.rank}"
+    if cfg.weightsync.transport == "sglang_distributed":
+        return PerTensorReceiver(
+            paths,
+            engine_id,
+            cfg.weightsync,
+            SGLangDistributedTarget(engine),
+            initial_policy_version=loaded,
+            attempt=identity.attempt,
+        )
+    return WeightReceiver(
+        paths, engine_id, cfg.weightsync, initial_policy_version=loaded, attempt=identity.attempt
+    )
 
 
 def make_scorer(cfg: RunConfig):
@@ -180,7 +210,7 @@ def make_evaluator(
 
 def run_rollout(cfg: RunConfig, paths: RunPaths, identity: TaskIdentity) -> int:
     torch.set_num_threads(cfg.rollout.torch_threads)
-    device = torch.device("cuda" if cfg.rollout.gpus_per_node else "cpu")
+    device = engine_device(cfg, identity)
     stop = StopFlag(cancel_request=None).install()
     trainer_done = paths.trainer_done
 
@@ -189,13 +219,7 @@ def run_rollout(cfg: RunConfig, paths: RunPaths, identity: TaskIdentity) -> int:
 
     engine, tokenizer = build_engine(cfg, device)
     load, loaded_version = engine_loader(engine, paths)
-    receiver = WeightReceiver(
-        paths,
-        f"rollout-{identity.rank}",
-        cfg.weightsync,
-        initial_policy_version=loaded_version,
-        attempt=identity.attempt,
-    )
+    receiver = build_receiver(cfg, paths, identity, engine, loaded_version)
     weights = EngineWeights(receiver, engine, load)
     if not weights.join(should_stop):
         return 0
