@@ -149,12 +149,15 @@ echo "relax_hpc: job ${{SLURM_JOB_ID}} start $((restarts + 1)) on $(hostname) at
 # the outcome: a failing alert service cannot hold or fail the job.
 watch_log="$RELAX_HPC_RUN_DIR/logs/watch.log"
 watch_pid=""
-end_job() {{  # end_job OUTCOME DETAIL EXIT_CODE
+stop_watcher() {{
   if [ -n "$watch_pid" ]; then kill -TERM "$watch_pid" 2>/dev/null; wait "$watch_pid"; fi
+  watch_pid=""
+}}
+tell() {{  # tell OUTCOME DETAIL: the end-of-start alert
   timeout 60 {python} -m relax_hpc.observe.watch end "$RELAX_HPC_RUN_DIR" \\
     --outcome "$1" --detail "$2" >>"$watch_log" 2>&1
-  exit "$3"
 }}
+end_job() {{ stop_watcher; tell "$1" "$2"; exit "$3"; }}  # end_job OUTCOME DETAIL EXIT_CODE
 if [ "$restarts" -gt {max_restarts} ]; then
   echo "relax_hpc: restarted $restarts times, more than cluster.max_restarts={max_restarts}; giving up" >&2
   end_job failed "restarted $restarts times, more than cluster.max_restarts={max_restarts}" 1
@@ -184,52 +187,69 @@ _WAIT_AND_DECIDE = """\
 # USR1 first, and TERM only for a step still running after {stop_wait_s} s.
 all_alive() {{ for pid in "${{step_pids[@]}}"; do kill -0 "$pid" 2>/dev/null || return 1; done; }}
 any_alive() {{ for pid in "${{step_pids[@]}}"; do kill -0 "$pid" 2>/dev/null && return 0; done; return 1; }}
+wait_step() {{ while kill -0 "$1" 2>/dev/null; do wait "$1" || true; done; wait "$1"; }}
 while all_alive; do sleep 5 & wait $! || true; done
 kill -s USR1 "${{step_pids[@]}}" 2>/dev/null || true
-for _ in $(seq {stop_wait_s}); do any_alive || break; sleep 1 & wait $! || true; done
-kill -TERM "${{step_pids[@]}}" 2>/dev/null || true
 
-trainer_rc=0
-for i in "${{!step_pids[@]}}"; do
-  while kill -0 "${{step_pids[$i]}}" 2>/dev/null; do wait "${{step_pids[$i]}}" || true; done
-  wait "${{step_pids[$i]}}"; rc=$?
-  echo "relax_hpc: ${{step_roles[$i]}} step exited with $rc"
-  if [ "${{step_roles[$i]}}" = trainer ]; then trainer_rc=$rc; fi
-done
-
+# The trainer's exit decides how this start ends:
 # 0: training finished. 2: a configuration error, which a restart cannot fix.
 # {requeue_rc}: checkpointed on a signal or cancel request. Anything else: a crash; resume
 # from the last complete checkpoint. Restarts are bounded by cluster.max_restarts.
-if [ -e "$RELAX_HPC_RUN_DIR/{trainer_done}" ]; then
-  echo "relax_hpc: training complete (final checkpoint and export written)"
-  end_job finished "training complete" 0
-fi
-case "$trainer_rc" in
-  0) end_job finished "trainer exited with 0" 0 ;;
-  2) end_job failed "configuration error (trainer exit 2): fix the run's config.yaml, resubmit" 2 ;;
-esac
-if [ -e "$RELAX_HPC_RUN_DIR/{cancel_request}" ]; then
-  echo "relax_hpc: stopped on request (python -m relax_hpc.cancel); not requeueing"
-  end_job cancelled "stopped on request (python -m relax_hpc.cancel)" 0
-fi
-if [ "$trainer_rc" = {requeue_rc} ]; then
-  why="${{got_signal:-a stop request}}: the trainer checkpointed and exited with {requeue_rc}"
-else
-  why="the trainer exited with $trainer_rc${{got_signal:+ after $got_signal}}; resuming from the last complete checkpoint"
-fi
-if [ "$restarts" -ge {max_restarts} ]; then
-  echo "relax_hpc: trainer exited with $trainer_rc after $restarts restarts; not requeueing" >&2
-  end_job failed "$why; not requeued after $restarts restarts (cluster.max_restarts={max_restarts})" 1
-fi
-echo "relax_hpc: requeueing job ${{SLURM_JOB_ID}} (trainer exit $trainer_rc)"
-if ! scontrol requeue "$SLURM_JOB_ID"; then
-  # Slurm's own preemption (PreemptMode=REQUEUE) has already requeued it: that is fine.
-  if scontrol show job "$SLURM_JOB_ID" 2>/dev/null | grep -q "Restarts=$((restarts + 1))"; then
-    end_job requeued "$why (requeued by Slurm)" 0
+decide() {{  # sets outcome, detail, exit_code and requeue
+  requeue=0; exit_code=0
+  if [ -e "$RELAX_HPC_RUN_DIR/{trainer_done}" ]; then
+    echo "relax_hpc: training complete (final checkpoint and export written)"
+    outcome=finished; detail="training complete"; return
   fi
-  end_job failed "$why; scontrol requeue failed" 1
+  case "$trainer_rc" in
+    0) outcome=finished; detail="trainer exited with 0"; return ;;
+    2) outcome=failed; exit_code=2
+       detail="configuration error (trainer exit 2): fix the run's config.yaml, resubmit"; return ;;
+  esac
+  if [ -e "$RELAX_HPC_RUN_DIR/{cancel_request}" ]; then
+    echo "relax_hpc: stopped on request (python -m relax_hpc.cancel); not requeueing"
+    outcome=cancelled; detail="stopped on request (python -m relax_hpc.cancel)"; return
+  fi
+  if [ "$trainer_rc" = {requeue_rc} ]; then
+    detail="${{got_signal:-a stop request}}: the trainer checkpointed and exited with {requeue_rc}"
+  else
+    detail="the trainer exited with $trainer_rc${{got_signal:+ after $got_signal}}; resuming from the last complete checkpoint"
+  fi
+  if [ "$restarts" -ge {max_restarts} ]; then
+    echo "relax_hpc: trainer exited with $trainer_rc after $restarts restarts; not requeueing" >&2
+    outcome=failed; exit_code=1
+    detail="$detail; not requeued after $restarts restarts (cluster.max_restarts={max_restarts})"; return
+  fi
+  outcome=requeued; requeue=1
+}}
+for i in "${{!step_pids[@]}}"; do
+  if [ "${{step_roles[$i]}}" = trainer ]; then wait_step "${{step_pids[$i]}}"; trainer_rc=$?; fi
+done
+echo "relax_hpc: trainer step exited with $trainer_rc"
+decide
+stop_watcher
+# Told now, while the other steps stop: a preemption's grace time may end before they do.
+tell "$outcome" "$detail" &
+tell_pid=$!
+
+for _ in $(seq {stop_wait_s}); do any_alive || break; sleep 1 & wait $! || true; done
+kill -TERM "${{step_pids[@]}}" 2>/dev/null || true
+for i in "${{!step_pids[@]}}"; do
+  if [ "${{step_roles[$i]}}" != trainer ]; then
+    wait_step "${{step_pids[$i]}}"; echo "relax_hpc: ${{step_roles[$i]}} step exited with $?"
+  fi
+done
+
+wait "$tell_pid"
+if [ "$requeue" = 1 ]; then
+  echo "relax_hpc: requeueing job ${{SLURM_JOB_ID}} (trainer exit $trainer_rc)"
+  # Slurm's own preemption (PreemptMode=REQUEUE) may have requeued it already: that is fine.
+  if ! scontrol requeue "$SLURM_JOB_ID" \\
+    && ! scontrol show job "$SLURM_JOB_ID" 2>/dev/null | grep -q "Restarts=$((restarts + 1))"; then
+    end_job failed "$detail; scontrol requeue failed" 1
+  fi
 fi
-end_job requeued "$why" 0
+exit "$exit_code"
 """
 
 
