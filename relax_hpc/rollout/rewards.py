@@ -19,17 +19,21 @@ Must not: import torch, the engines or the trainer; rewards see text, not tokens
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib
 import math
 import multiprocessing
 import re
+import signal
+import threading
 import traceback
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from multiprocessing.pool import Pool
 from typing import Any
 
+STOP_SIGNALS_IGNORED = (signal.SIGUSR1, signal.SIGTERM, signal.SIGINT)
 # The tail of a response where a DAPO-style "Answer:" line counts; earlier text is reasoning.
 ANSWER_TAIL_CHARS = 300
 _ANSWER_LINE = re.compile(r"Answer\s*:\s*(.+?)\s*$", re.IGNORECASE | re.MULTILINE)
@@ -170,6 +174,26 @@ def _as_float(value: Any) -> float:
 ScoreItem = tuple[str, str, Mapping[str, Any]]  # (completion, answer, metadata)
 
 
+@contextlib.contextmanager
+def stop_signals_ignored() -> Iterator[None]:
+    """Processes started inside inherit SIG_IGN for the stop signals.
+
+    Slurm delivers a step's signals (USR1 to stop, TERM) to every process of the task. The
+    reward server and its workers must outlive them: the rollout finishes scoring its
+    batch, then closes the pool. (USR1's default action would kill them, leaving the
+    rollout waiting on a dead pool until the step is killed.)
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {sig: signal.signal(sig, signal.SIG_IGN) for sig in STOP_SIGNALS_IGNORED}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
 def build_reward(spec: str, timeout_s: float | None = 10.0) -> RewardScorer:
     """``rollout.reward`` and ``rollout.reward_timeout_s`` as a scorer (call it, or ``score``)."""
     return RewardScorer(spec, timeout_s)
@@ -233,7 +257,8 @@ class RewardScorer:
             context = multiprocessing.get_context("forkserver")
             # Preload only this module: the server must not re-import the caller's __main__.
             context.set_forkserver_preload([__name__])
-            self._pool = context.Pool(processes=1)
+            with stop_signals_ignored():
+                self._pool = context.Pool(processes=1)
             # Start-up and imports happen now, so they never count against a sample's timeout.
             self._pool.apply(resolve_reward_in_child, (self.spec,))
         return self._pool

@@ -93,3 +93,71 @@ def test_timed_out_reward_is_killed_and_the_batch_goes_on():
         assert results[0].failed is None and results[2].failed is None
     with RewardScorer("rollout_reward_fixtures:raising_reward", timeout_s=5.0) as scorer:
         assert "raised RuntimeError" in scorer.score([("a", "", {})])[0].failed
+
+
+SURVIVES_USR1 = """
+import os, signal, sys, time
+sys.path.insert(0, sys.argv[1])
+from test_rollout_rewards import alive, descendants
+from relax_hpc.data.datasets import PromptRecord
+from relax_hpc.rollout.rewards import build_reward
+
+received = []
+signal.signal(signal.SIGUSR1, lambda *_: received.append(1))
+with build_reward("exact_match", timeout_s=5) as scorer:
+    assert scorer("4", PromptRecord("2+2=", [1], "4")).score == 1.0
+    children = descendants(os.getpid())
+    assert len(children) >= 2, children  # the forkserver and the pool's worker
+    for pid in [*children, os.getpid()]:
+        os.kill(pid, signal.SIGUSR1)
+    time.sleep(0.5)
+    assert all(alive(pid) for pid in children), "a reward process died of USR1"
+    assert scorer("5", PromptRecord("2+2=", [1], "4")).score == 0.0
+assert received == [1], received  # this process's own handler was restored, not ignored
+print("survived")
+"""
+
+
+def test_reward_processes_outlive_the_stop_signal_of_the_step():
+    """Slurm sends a step's USR1 to every process of the task: the reward server and its
+    worker must survive it (the rollout finishes its batch, then closes the pool). Run in
+    a child process: without the fix the rollout hangs on a dead pool."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    here = str(Path(__file__).parent)
+    result = subprocess.run(
+        [sys.executable, "-c", SURVIVES_USR1, here], capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 0 and "survived" in result.stdout, result.stderr[-2000:]
+
+
+def descendants(pid: int) -> list[int]:
+    """Every live descendant of ``pid``, from /proc (Linux)."""
+    from pathlib import Path
+
+    parents = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        parents[int(stat.parent.name)] = int(fields[1])
+    found, frontier = [], [pid]
+    while frontier:
+        parent = frontier.pop()
+        children = [child for child, ppid in parents.items() if ppid == parent]
+        found += children
+        frontier += children
+    return found
+
+
+def alive(pid: int) -> bool:
+    from pathlib import Path
+
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
