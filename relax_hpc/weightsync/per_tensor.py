@@ -69,7 +69,7 @@ from relax_hpc.weightsync.errors import (
 )
 from relax_hpc.weightsync.group import PeerGroup
 from relax_hpc.weightsync.receiver import LoadFn, WeightReceiver, WeightUpdate
-from relax_hpc.weightsync.sender import FAILURE_GRACE_S, SyncReport, WeightSender, signed
+from relax_hpc.weightsync.sender import SyncReport, WeightSender
 
 log = logging.getLogger(__name__)
 
@@ -191,74 +191,30 @@ class PerTensorSender(WeightSender):
             raise ValueError(f"PerTensorSender needs weightsync.transport={TRANSPORT!r}")
         super().__init__(paths, config, device, attempt)
         self._group_plan: _GroupPlan | None = None
+        self._num_ranks: dict[str, int | None] = {}
 
     def close(self) -> None:
         super().close()
         self._group_plan = None
 
-    def _sign(self, body: dict) -> str:
-        """Seam for the forged-manifest tests."""
-        return signed(self._token, body)
-
-    def _run_round(
-        self,
-        candidates: list[str],
-        tensors: dict[str, torch.Tensor],
-        layout: protocol.Layout,
-        report: SyncReport,
-    ) -> list[str]:
-        """``WeightSender._run_round`` with the group's endpoint in the plan."""
-        r = self._open_round(candidates)
-        report.rounds += 1
-        ready = self._await_keys([f"r/{r}/ready/{m}" for m in candidates], self.config.timeout_s)
-        members = [m for m, key in zip(candidates, ready, strict=True) if key]
-        for member in sorted(set(candidates) - set(members)):
-            self._drop(member, r, f"not ready within {self.config.timeout_s:.1f} s", report)
-        num_ranks: dict[str, int | None] = {}
+    def _eligible(self, r: int, members: list[str], report: SyncReport) -> list[str]:
+        """Members whose receiver is on this transport; their worker counts are kept."""
+        self._num_ranks = {m: self._ready_ranks(r, m) for m in members}
         for member in members:
-            num_ranks[member] = self._ready_ranks(r, member)
-            if num_ranks[member] is None:
+            if self._num_ranks[member] is None:
                 reason = f"its receiver is not on weightsync.transport={TRANSPORT}"
                 self._drop(member, r, reason, report)
-        members = [m for m in members if num_ranks[m] is not None]
-        manifest = protocol.Manifest(report.policy_version, r, self._checksum_algo(), layout)
-        generation = self._generation_for(members)
-        group = self._group_plan_for(generation, members, num_ranks).group if members else None
-        plan = {
-            "transport": TRANSPORT,
-            "members": members,
-            "generation": generation,
-            "backend": self.backend,
-            "manifest": manifest.to_json(),
-            "group": group,
-        }
-        self._store.set(f"r/{r}/plan", self._sign(plan))
-        if not members:
-            return []
-        transport_ok = self._send(r, generation, members, tensors, layout, report)
+        return [m for m in members if self._num_ranks[m] is not None]
+
+    def _plan_extras(self, generation: int, members: list[str]) -> dict:
+        plan = self._group_plan_for(generation, members, self._num_ranks) if members else None
+        return {"transport": TRANSPORT, "group": plan.group if plan else None}
+
+    def _send(self, r: int, generation: int, members: list[str], tensors, layout, report) -> bool:
+        transport_ok = super()._send(r, generation, members, tensors, layout, report)
         if transport_ok:
             report.num_bytes = sum(spec.nbytes for spec in layout.tensors)  # no padding here
-        return self._collect_results(r, members, transport_ok, report)
-
-    def _collect_results(
-        self, r: int, members: list[str], transport_ok: bool, report: SyncReport
-    ) -> list[str]:
-        grace = self.config.timeout_s
-        if not transport_ok:
-            grace = min(self.config.timeout_s, FAILURE_GRACE_S)
-        keys = [f"r/{r}/result/{m}" for m in members]
-        present = self._await_keys(keys, grace)
-        num_dropped_before = len(report.dropped)
-        retry = []
-        for member, key, has_result in zip(members, keys, present, strict=True):
-            if not has_result:
-                self._drop(member, r, f"no result within {grace:.1f} s (died or hung)", report)
-                continue
-            retry += self._classify(member, json.loads(self._store.get(key)), report)
-        if retry or not transport_ok or len(report.dropped) > num_dropped_before:
-            self._abandon_group()
-        self._forget_round(r - 2)
-        return retry
+        return transport_ok
 
     def _ready_ranks(self, r: int, member: str) -> int | None:
         """The engine's worker count from its ready key; None from a bucket receiver."""

@@ -240,6 +240,7 @@ class WeightSender:
         members = [m for m, key in zip(candidates, ready, strict=True) if key]
         for member in sorted(set(candidates) - set(members)):
             self._drop(member, r, f"not ready within {self.config.timeout_s:.1f} s", report)
+        members = self._eligible(r, members, report)
         manifest = protocol.Manifest(report.policy_version, r, self._checksum_algo(), layout)
         generation = self._generation_for(members)
         plan = {
@@ -247,11 +248,30 @@ class WeightSender:
             "generation": generation,
             "backend": self.backend,
             "manifest": manifest.to_json(),
+            **self._plan_extras(generation, members),
         }
-        self._store.set(f"r/{r}/plan", signed(self._token, plan))
+        self._store.set(f"r/{r}/plan", self._sign(plan))
         if not members:
             return []
         transport_ok = self._send(r, generation, members, tensors, layout, report)
+        return self._collect_results(r, members, transport_ok, report)
+
+    # --- seams of the round, for other transports (weightsync.per_tensor) ----------------------
+    def _eligible(self, r: int, members: list[str], report: SyncReport) -> list[str]:
+        """The ready members this transport can serve (the others are dropped)."""
+        return members
+
+    def _plan_extras(self, generation: int, members: list[str]) -> dict:
+        """Transport-specific entries of the signed plan."""
+        return {}
+
+    def _sign(self, body: dict) -> str:
+        return signed(self._token, body)
+
+    def _collect_results(
+        self, r: int, members: list[str], transport_ok: bool, report: SyncReport
+    ) -> list[str]:
+        """Each member's result of round ``r``; returns the members to retry."""
         grace = (
             self.config.timeout_s if transport_ok else min(self.config.timeout_s, FAILURE_GRACE_S)
         )
