@@ -33,7 +33,9 @@ from dataclasses import dataclass, field
 from multiprocessing.pool import Pool
 from typing import Any
 
-STOP_SIGNALS_IGNORED = (signal.SIGUSR1, signal.SIGTERM, signal.SIGINT)
+# Not SIGTERM: Pool.terminate() stops a hung reward with it (and a TERM from Slurm ends
+# the whole step anyway).
+STOP_SIGNALS_IGNORED = (signal.SIGUSR1, signal.SIGINT)
 # The tail of a response where a DAPO-style "Answer:" line counts; earlier text is reasoning.
 ANSWER_TAIL_CHARS = 300
 _ANSWER_LINE = re.compile(r"Answer\s*:\s*(.+?)\s*$", re.IGNORECASE | re.MULTILINE)
@@ -178,10 +180,10 @@ ScoreItem = tuple[str, str, Mapping[str, Any]]  # (completion, answer, metadata)
 def stop_signals_ignored() -> Iterator[None]:
     """Processes started inside inherit SIG_IGN for the stop signals.
 
-    Slurm delivers a step's signals (USR1 to stop, TERM) to every process of the task. The
-    reward server and its workers must outlive them: the rollout finishes scoring its
-    batch, then closes the pool. (USR1's default action would kill them, leaving the
-    rollout waiting on a dead pool until the step is killed.)
+    Slurm delivers a step's signals to every process of the task. The reward server and its
+    workers must outlive the stop request (USR1): the rollout finishes scoring its batch,
+    then closes the pool. (USR1's default action would kill them, leaving the rollout
+    waiting on a dead pool until the step is killed.)
     """
     if threading.current_thread() is not threading.main_thread():
         yield
