@@ -64,7 +64,6 @@ from relax_hpc.weightsync import protocol, rendezvous
 from relax_hpc.weightsync.config import WeightSyncConfig
 from relax_hpc.weightsync.errors import (
     WeightSyncError,
-    WeightSyncTimeout,
     WeightVerificationError,
 )
 from relax_hpc.weightsync.group import PeerGroup
@@ -328,26 +327,17 @@ class PerTensorReceiver(WeightReceiver):
         self._leave_group()
         super().close()
 
-    def _attend(self, r: int, load_fn: LoadFn) -> tuple[WeightUpdate | None, bool]:
-        call = json.loads(self._store.get(f"r/{r}/call"))
-        if self._member not in call["candidates"]:
-            return None, False
-        start = time.monotonic()
-        self._store.set(
-            f"r/{r}/ready/{self._member}", json.dumps({"num_ranks": self.engine.num_ranks})
-        )
-        try:
-            plan = self._read_signed(f"r/{r}/plan", 2 * self.config.timeout_s)
-            if plan.get("transport") != TRANSPORT:
-                raise WeightVerificationError(f"plan of round {r} is not for {TRANSPORT}")
-        except WeightSyncTimeout as error:
-            return self._transport_failed(r, str(error))
-        except WeightVerificationError as error:
-            self._reject(r, str(error))
-            return None, False
-        if self._member not in plan["members"]:
-            return None, False
-        manifest = protocol.Manifest.from_json(plan["manifest"])
+    def _ready_value(self) -> str:
+        return json.dumps({"num_ranks": self.engine.num_ranks})
+
+    def _check_plan(self, r: int, plan: dict) -> None:
+        if plan.get("transport") != TRANSPORT:
+            raise WeightVerificationError(f"plan of round {r} is not for {TRANSPORT}")
+
+    def _take_part(
+        self, r: int, plan: dict, manifest: protocol.Manifest, load_fn: LoadFn, start: float
+    ) -> tuple[WeightUpdate | None, bool]:
+        """The engine joins the group, receives every tensor, checks the signed digest."""
         specs = list(manifest.layout.tensors)
         try:
             self._join(plan)

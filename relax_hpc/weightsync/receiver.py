@@ -221,10 +221,11 @@ class WeightReceiver:
         if self._member not in call["candidates"]:
             return None, False
         start = time.monotonic()
-        self._store.set(f"r/{r}/ready/{self._member}", "1")
+        self._store.set(f"r/{r}/ready/{self._member}", self._ready_value())
         try:
             # the trainer waits up to timeout_s for every candidate before it writes the plan
             plan = self._read_signed(f"r/{r}/plan", 2 * self.config.timeout_s)
+            self._check_plan(r, plan)
         except WeightSyncTimeout as error:
             return self._transport_failed(r, str(error))
         except WeightVerificationError as error:
@@ -233,6 +234,20 @@ class WeightReceiver:
         if self._member not in plan["members"]:
             return None, False
         manifest = protocol.Manifest.from_json(plan["manifest"])
+        return self._take_part(r, plan, manifest, load_fn, start)
+
+    # --- seams of a round, for other transports (weightsync.per_tensor) ----------------------
+    def _ready_value(self) -> str:
+        """What this receiver tells the trainer when it is ready for a round."""
+        return "1"
+
+    def _check_plan(self, r: int, plan: dict) -> None:
+        """Raise ``WeightVerificationError`` for a plan this receiver cannot follow."""
+
+    def _take_part(
+        self, r: int, plan: dict, manifest: protocol.Manifest, load_fn: LoadFn, start: float
+    ) -> tuple[WeightUpdate | None, bool]:
+        """Receive, verify and switch to ``manifest``'s version (the bucket transport)."""
         try:
             checksums = self._receive(plan, manifest)
             digest = self._read_signed(f"r/{r}/digest")
