@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 
+import megatron.core  # noqa: F401  (the test extra installs it: missing fails, never skips)
 import pytest
 import torch
 from megatron_factories import free_loopback_port, tiny_qwen3, tiny_qwen3_moe
@@ -16,7 +17,6 @@ from relax_hpc.trainer import megatron_mapping as mapping
 from relax_hpc.trainer.batch import TrainBatch
 from relax_hpc.trainer.torch_backend import TorchModel
 
-pytest.importorskip("megatron.core")  # installed by the test extra; absent: mapping tests only
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning", "ignore::DeprecationWarning")
 
 CPU = torch.device("cpu")

@@ -7,6 +7,7 @@ plain DCP checkpoint in its subfolder; Megatron's torch_dist format needs CUDA (
 
 from __future__ import annotations
 
+import megatron.core  # noqa: F401  (the test extra installs it: missing fails, never skips)
 import pytest
 import torch
 from megatron_factories import tiny_qwen3
@@ -17,7 +18,6 @@ from relax_hpc.paths import RunPaths
 from relax_hpc.trainer.loop import Progress
 from relax_hpc.trainer.update import Networks
 
-pytest.importorskip("megatron.core")
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning", "ignore::DeprecationWarning")
 
 CPU = torch.device("cpu")
