@@ -237,12 +237,26 @@ def _check_megatron(cfg: RunConfig) -> None:
 
 
 def _check_weightsync_transport(cfg: RunConfig) -> None:
-    """SGLang's distributed update needs SGLang engines on the other end."""
-    if cfg.weightsync.transport == "sglang_distributed" and cfg.rollout.backend != "sglang":
+    """SGLang's distributed update needs SGLang engines on GPUs of their own."""
+    sync = cfg.weightsync
+    if sync.transport == "sglang_distributed" and cfg.rollout.backend != "sglang":
         raise ConfigError(
             "weightsync.transport",
             "sglang_distributed broadcasts into SGLang's own update group and needs "
             f"rollout.backend=sglang (got {cfg.rollout.backend!r}); use weightsync.transport=buckets",
+        )
+    if sync.transport == "sglang_distributed" and cfg.mode == "sync":
+        raise ConfigError(
+            "weightsync.transport",
+            "sglang_distributed puts trainer rank 0 and an SGLang worker on the same GPU in "
+            "mode=sync, which NCCL refuses; use weightsync.transport=buckets for co-located runs",
+        )
+    if sync.transport == "buckets" and sync.backend == "nccl":
+        raise ConfigError(
+            "weightsync.backend",
+            "the bucket transport's receivers stage weights in host memory, so it runs over "
+            "gloo; use weightsync.backend=auto, or weightsync.transport=sglang_distributed for "
+            "NCCL straight into SGLang",
         )
 
 

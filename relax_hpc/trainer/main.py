@@ -33,6 +33,7 @@ from relax_hpc.trainer.loop import (
 from relax_hpc.trainer.torch_backend import TorchModel, ValueHead, frozen_copy, shard_with_fsdp2
 from relax_hpc.trainer.update import Networks
 from relax_hpc.weightsync import make_weight_sender
+from relax_hpc.weightsync.config import run_backend
 
 log = logging.getLogger(__name__)
 HISTORY_SUMMARY_STEPS = 5  # steps averaged for the start and end of the reward curve
@@ -61,6 +62,13 @@ def _from_path_or_copy(cfg: RunConfig, path: str | None, initial, tokenizer, dty
         return frozen_copy(initial)
     model_cfg = dataclasses.replace(cfg.model, path=path, tokenizer="auto", arch={})
     return build_causal_lm(model_cfg, tokenizer, dtype)
+
+
+def make_sender(cfg: RunConfig, paths: RunPaths, device: torch.device, identity: TaskIdentity):
+    """Rank 0's weight sender, on the backend the run's layout needs (see ``run_backend``)."""
+    backend = run_backend(cfg.weightsync, device.type == "cuda")
+    weightsync = dataclasses.replace(cfg.weightsync, backend=backend)
+    return make_weight_sender(paths, weightsync, device, identity.attempt)
 
 
 def build_networks(cfg: RunConfig, device: torch.device, world_size: int):
@@ -144,7 +152,7 @@ def run_trainer(cfg: RunConfig, paths: RunPaths, identity: TaskIdentity) -> int:
     leader = identity.rank == 0
     if leader:
         paths.trainer_done.unlink(missing_ok=True)  # from an earlier completion of this run
-    sender = make_weight_sender(paths, cfg.weightsync, device, identity.attempt) if leader else None
+    sender = make_sender(cfg, paths, device, identity) if leader else None
     if sender is not None:
         sender.start()  # before the model is built: rollout engines can register meanwhile
     spec, tokenizer, nets = build_networks(cfg, device, identity.world_size)

@@ -65,3 +65,18 @@ class WeightSyncConfig:
                 value = getattr(self, field)
                 raise ValueError(f"weightsync.{field}={value!r} is invalid: expected {expected}")
         return self
+
+
+def run_backend(config: WeightSyncConfig, trainer_on_gpu: bool) -> str:
+    """The backend a run's trainer sends with, once the run's layout is known.
+
+    ``sglang_distributed`` broadcasts into SGLang's GPU workers: NCCL on a GPU trainer. The
+    bucket transport's receivers (``rollout.main``) stage in host memory for every engine
+    (SGLang loads host tensors through ``update_weights_from_tensor``), so it runs over Gloo,
+    which also works where trainer and engines share GPUs (``mode=sync``).
+    """
+    if config.backend != "auto":
+        return config.backend
+    if config.transport == "sglang_distributed" and trainer_on_gpu:
+        return "nccl"
+    return "gloo"

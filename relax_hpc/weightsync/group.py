@@ -46,14 +46,22 @@ _NCCL_POLL_S = 0.0005
 
 
 def resolve_backend(backend: str, device: torch.device) -> str:
-    """``auto`` -> ``nccl`` on CUDA, ``gloo`` otherwise; a mismatch is a user error."""
+    """``auto`` -> ``nccl`` on CUDA, ``gloo`` otherwise; NCCL without CUDA is a user error.
+
+    ``gloo`` with a CUDA device is allowed: the wire buffers then live in host memory
+    (``wire_device``), which is how a trainer shares its GPUs with the engines it feeds:
+    NCCL refuses two ranks of one group on the same GPU.
+    """
     if backend == "auto":
         return "nccl" if device.type == "cuda" else "gloo"
     if backend == "nccl" and device.type != "cuda":
         raise ValueError("weightsync.backend='nccl' needs a CUDA device; use 'gloo' or 'auto'")
-    if backend == "gloo" and device.type != "cpu":
-        raise ValueError("weightsync.backend='gloo' is used with CPU buffers; use 'auto'")
     return backend
+
+
+def wire_device(backend: str, device: torch.device) -> torch.device:
+    """Where the broadcast buffers live: the CUDA device for NCCL, host memory for Gloo."""
+    return device if backend == "nccl" else torch.device("cpu")
 
 
 def open_store(host: str, port: int, is_server: bool, timeout_s: float) -> Store:

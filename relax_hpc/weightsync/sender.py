@@ -39,7 +39,14 @@ from relax_hpc.weightsync import fs_export, protocol, rendezvous
 from relax_hpc.weightsync.config import WeightSyncConfig
 from relax_hpc.weightsync.errors import WeightSyncTimeout
 from relax_hpc.weightsync.events import emit_event
-from relax_hpc.weightsync.group import PeerGroup, has_key, open_store, resolve_backend, store_port
+from relax_hpc.weightsync.group import (
+    PeerGroup,
+    has_key,
+    open_store,
+    resolve_backend,
+    store_port,
+    wire_device,
+)
 
 log = logging.getLogger(__name__)
 
@@ -81,8 +88,8 @@ class WeightSender:
         self.paths = paths
         self.attempt = attempt
         self.config = config.validate()
-        self.device = torch.device(device)
-        self.backend = resolve_backend(config.backend, self.device)
+        self.backend = resolve_backend(config.backend, torch.device(device))
+        self.device = wire_device(self.backend, torch.device(device))  # buffers and groups
         self.serve_dtype = protocol.parse_serve_dtype(config.serve_dtype)
         self._store = None
         self._token = ""

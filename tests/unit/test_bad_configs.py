@@ -76,6 +76,16 @@ BAD_CONFIGS = [
         id="sglang-transport-without-sglang",
     ),
     pytest.param(TINY + ["weightsync.transport=carrier_pigeon"], "weightsync", id="bad-transport"),
+    pytest.param(
+        [
+            "+experiment=grpo_qwen3_colocate",
+            "dry_run=true",
+            "weightsync.transport=sglang_distributed",
+        ],
+        "weightsync.transport",
+        id="sglang-transport-on-shared-gpus",
+    ),
+    pytest.param(TINY + ["weightsync.backend=nccl"], "weightsync.backend", id="nccl-buckets"),
 ]
 
 

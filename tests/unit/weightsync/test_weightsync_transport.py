@@ -19,6 +19,7 @@ from relax_hpc.weightsync import (
     make_weight_sender,
     protocol,
 )
+from relax_hpc.weightsync.config import run_backend
 from relax_hpc.weightsync.per_tensor import GroupEndpoint, tensor_checksum
 
 
@@ -29,6 +30,32 @@ def test_transport_defaults_to_buckets_and_is_validated():
     )
     with pytest.raises(ValueError, match=r"^weightsync\.transport='nccl_p2p' is invalid"):
         WeightSyncConfig(transport="nccl_p2p").validate()
+
+
+@pytest.mark.parametrize(
+    ("transport", "backend", "trainer_on_gpu", "expected"),
+    [
+        ("buckets", "auto", False, "gloo"),
+        ("buckets", "auto", True, "gloo"),  # receivers stage in host memory; mode=sync safe
+        ("sglang_distributed", "auto", True, "nccl"),
+        ("sglang_distributed", "auto", False, "gloo"),
+        ("sglang_distributed", "gloo", True, "gloo"),  # an explicit choice is kept
+    ],
+)
+def test_the_run_backend_follows_the_transport(transport, backend, trainer_on_gpu, expected):
+    config = WeightSyncConfig(transport=transport, backend=backend)
+    assert run_backend(config, trainer_on_gpu) == expected
+
+
+def test_a_gloo_sender_on_a_cuda_trainer_stages_in_host_memory(tmp_path):
+    """The co-located route of mode=sync: no CUDA is touched to build the sender."""
+    paths = RunPaths(tmp_path).create()
+    gloo = WeightSender(paths, WeightSyncConfig(backend="gloo"), "cuda:0")
+    assert (gloo.backend, gloo.device) == ("gloo", torch.device("cpu"))
+    nccl = WeightSender(paths, WeightSyncConfig(backend="nccl"), "cuda:0")
+    assert (nccl.backend, nccl.device) == ("nccl", torch.device("cuda", 0))
+    with pytest.raises(ValueError, match="needs a CUDA device"):
+        WeightSender(paths, WeightSyncConfig(backend="nccl"), "cpu")
 
 
 def test_the_factory_keeps_the_bucket_sender_by_default(tmp_path):
