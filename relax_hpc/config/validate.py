@@ -219,13 +219,13 @@ def _check_megatron(cfg: RunConfig) -> None:
     if cfg.trainer.backend != "megatron":
         return
     layout = cfg.trainer.parallel
-    for name in ("pipeline", "context", "expert"):
+    for name in ("pipeline", "context"):
         if getattr(layout, name) != 1:
             raise ConfigError(
                 f"trainer.parallel.{name}",
                 f"the megatron backend does not support {name} parallelism yet (got "
                 f"{getattr(layout, name)}); set trainer.parallel.{name}=1 "
-                "(tensor and data parallelism are supported)",
+                "(tensor, expert and data parallelism are supported)",
             )
     # The same test as relax_hpc.algo.resolve(...).needs_critic, without importing the losses.
     if cfg.algo.with_algorithm_defaults().advantage_estimator == "gae":

@@ -132,3 +132,23 @@ def token_budget_chunks(batch: TrainBatch, micro_batch_tokens: int) -> list[list
     if current:
         chunks.append(current)
     return chunks
+
+
+def split_to_count(chunks: list[list[int]], count: int) -> list[list[int]]:
+    """``chunks`` with the largest ones halved until there are ``count`` (rows and order kept).
+
+    Ranks that exchange tokens in every forward (Megatron's MoE dispatch over expert
+    parallelism) must run the same number of micro-batches; splitting keeps the result,
+    because the loss is normalised by global counts, not per micro-batch.
+    """
+    chunks = [list(chunk) for chunk in chunks]
+    while len(chunks) < count:
+        index = max(range(len(chunks)), key=lambda k: len(chunks[k]))
+        rows = chunks[index]
+        if len(rows) < 2:
+            raise ValueError(
+                f"cannot run {count} micro-batches over {sum(map(len, chunks))} rows; "
+                "give every data-parallel rank the same number of samples"
+            )
+        chunks[index : index + 1] = [rows[: len(rows) // 2], rows[len(rows) // 2 :]]
+    return chunks

@@ -2,7 +2,7 @@
 loop uses (per-token log-probs and entropies, optimiser step) over a Qwen3 ``GPTModel``.
 
 On GPU it trains with Megatron's ``DistributedDataParallel`` and distributed optimizer
-(TP and DP; see ``MegatronSettings.check_supported``) and checkpoints in Megatron's torch_dist (DCP) format.
+(TP, EP for MoE models, and DP; see ``MegatronSettings.check_supported``) and checkpoints in Megatron's torch_dist (DCP) format.
 On CPU (tests, one process) it steps a plain ``torch.optim.AdamW``; that path exists to check
 the model against HF on a CPU box.
 
@@ -27,7 +27,12 @@ from torch import Tensor
 from relax_hpc.algo import entropy_from_logits
 from relax_hpc.checkpoint.stateful import ModelAndOptimizer, OpaqueState
 from relax_hpc.trainer import megatron_mapping as mapping
-from relax_hpc.trainer.batch import TrainBatch, gather_response, token_budget_chunks
+from relax_hpc.trainer.batch import (
+    TrainBatch,
+    gather_response,
+    split_to_count,
+    token_budget_chunks,
+)
 from relax_hpc.trainer.megatron_model import (
     MegatronSettings,
     build_gpt_model,
@@ -98,8 +103,25 @@ class MegatronModel:
             module = module.module
         return module
 
+    def micro_batch_rows(self, batch: TrainBatch) -> list[list[int]]:
+        """Token-budget chunks, as many on every rank that shares this model's MoE dispatch."""
+        chunks = token_budget_chunks(batch, self.micro_batch_tokens)
+        return split_to_count(chunks, self._lockstep_count(len(chunks)))
+
+    def _lockstep_count(self, count: int) -> int:
+        """The most micro-batches of any rank in the expert tensor-and-model parallel group:
+        every MoE forward (and backward) exchanges tokens within that group."""
+        from megatron.core import parallel_state
+
+        if parallel_state.get_expert_model_parallel_world_size() == 1:
+            return count
+        counts = torch.tensor([count], device=self.device)
+        group = parallel_state.get_expert_tensor_and_model_parallel_group()
+        torch.distributed.all_reduce(counts, op=torch.distributed.ReduceOp.MAX, group=group)
+        return int(counts.item())
+
     def micro_batches(self, batch: TrainBatch) -> Iterator[TrainBatch]:
-        for rows in token_budget_chunks(batch, self.micro_batch_tokens):
+        for rows in self.micro_batch_rows(batch):
             yield batch.select(rows)
 
     def logits(self, input_ids_BL: Tensor) -> Tensor:
@@ -318,8 +340,10 @@ def megatron_model_from_hf(
         model.eval().requires_grad_(False)
         return MegatronModel(model, config, spec_name, device, micro_batch_tokens)
     model.train()
-    if settings.on_cpu and settings.tensor > 1:
-        raise ValueError("trainer.parallel.tensor: CPU training runs one process; set it to 1")
+    if settings.on_cpu and (settings.tensor, settings.expert) != (1, 1):
+        raise ValueError(
+            "trainer.parallel: CPU training runs one process; set tensor and expert to 1"
+        )
     wrap = cpu_training_wrappers(model, optim) if settings.on_cpu else None
     network, optimizer, scheduler = wrap or megatron_training_wrappers(model, settings, optim)
     return MegatronModel(

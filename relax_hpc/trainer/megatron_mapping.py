@@ -15,12 +15,16 @@ Megatron layouts, as read in megatron-core 0.16:
   the Transformer Engine spec fuses them into ``linear_qkv.layer_norm_weight`` and
   (dense MLP only) ``linear_fc1.layer_norm_weight``.
 
-It deliberately leaves out pipeline-stage layer renumbering, expert-parallel renumbering of
-local experts, biases (Qwen3 has none) and Megatron-side vocabulary padding.
+Expert parallelism (EP): each EP rank holds ``num_experts / EP`` consecutive experts,
+numbered from 0 on that rank (``select_local_experts`` / ``merge_local_experts``).
+
+It deliberately leaves out pipeline-stage layer renumbering, biases (Qwen3 has none) and
+Megatron-side vocabulary padding.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -300,3 +304,60 @@ def gather_state_dicts(shards_by_rank: Sequence[Mapping[str, Tensor]]) -> dict[s
     """Full Megatron tensors from every TP rank's state dict (metadata keys dropped)."""
     names = [n for n in shards_by_rank[0] if not is_megatron_metadata(n)]
     return {n: gather_tp_shards(n, [s[n] for s in shards_by_rank]) for n in names}
+
+
+# ---------------------------------------------------------------- expert parallelism
+
+# ``...mlp.experts.local_experts.<e>.linear_fc1.weight`` (local spec, SequentialMLP) or
+# ``...mlp.experts.linear_fc1.weight<e>`` (TEGroupedMLP numbers its weights).
+_LOCAL_EXPERT = re.compile(r"^(.*\.mlp\.experts\.local_experts\.)(\d+)(\..*)$")
+_GROUPED_EXPERT = re.compile(r"^(.*\.mlp\.experts\.linear_fc[12]\.weight)(\d+)()$")
+
+
+def expert_of(mcore_name: str) -> tuple[str, int, str] | None:
+    """``(prefix, expert, suffix)`` of an expert tensor's name; None for any other tensor."""
+    match = _LOCAL_EXPERT.match(mcore_name) or _GROUPED_EXPERT.match(mcore_name)
+    if match is None:
+        return None
+    return match.group(1), int(match.group(2)), match.group(3)
+
+
+def experts_per_rank(num_experts: int, ep_size: int) -> int:
+    if num_experts == 0 or num_experts % ep_size:
+        raise ValueError(
+            f"trainer.parallel.expert={ep_size} must divide the model's {num_experts} experts"
+        )
+    return num_experts // ep_size
+
+
+def select_local_experts(
+    state: Mapping[str, Tensor], num_experts: int, ep_size: int, ep_rank: int
+) -> dict[str, Tensor]:
+    """The tensors EP rank ``ep_rank`` holds: every non-expert tensor, and its own experts
+    ``ep_rank * per .. (ep_rank + 1) * per - 1`` renumbered ``0 .. per - 1``."""
+    per = experts_per_rank(num_experts, ep_size)
+    local = {}
+    for name, tensor in state.items():
+        parts = expert_of(name)
+        if parts is None:
+            local[name] = tensor
+        elif parts[1] // per == ep_rank:
+            prefix, expert, suffix = parts
+            local[f"{prefix}{expert % per}{suffix}"] = tensor
+    return local
+
+
+def merge_local_experts(
+    states_by_ep_rank: Sequence[Mapping[str, Tensor]], num_experts: int
+) -> dict[str, Tensor]:
+    """Inverse of ``select_local_experts``: global expert numbers from every EP rank's tensors
+    (non-expert tensors are taken from rank 0: they are replicated over EP)."""
+    per = experts_per_rank(num_experts, len(states_by_ep_rank))
+    merged = {n: t for n, t in states_by_ep_rank[0].items() if expert_of(n) is None}
+    for rank, state in enumerate(states_by_ep_rank):
+        for name, tensor in state.items():
+            parts = expert_of(name)
+            if parts is not None:
+                prefix, expert, suffix = parts
+                merged[f"{prefix}{rank * per + expert}{suffix}"] = tensor
+    return merged

@@ -36,12 +36,16 @@ class MegatronSettings:
     on_cpu: bool = False
 
     def check_supported(self) -> None:
-        # PP and CP need Megatron's pipeline schedule and CP-aware attention in the forward;
-        # EP renumbers local experts, which the HF mapping does not do yet.
-        if (self.pipeline, self.context, self.expert) != (1, 1, 1):
+        # PP and CP need Megatron's pipeline schedule and CP-aware attention in the forward.
+        if (self.pipeline, self.context) != (1, 1):
             raise ValueError(
-                "trainer.parallel: the megatron backend runs pipeline=context=expert=1 for now"
+                "trainer.parallel: the megatron backend runs pipeline=context=1 for now"
             )
+
+    def check_model(self, shape: mapping.Qwen3Shape) -> None:
+        """Expert parallelism needs a MoE model whose experts it divides."""
+        if self.expert > 1:
+            mapping.experts_per_rank(shape.num_experts, self.expert)
 
 
 def initialize_model_parallel(settings: MegatronSettings) -> None:
@@ -230,6 +234,7 @@ def build_gpt_model(hf_config: Any, settings: MegatronSettings):
     from megatron.core.models.gpt import GPTModel
 
     shape = mapping.Qwen3Shape.from_hf_config(hf_config)
+    settings.check_model(shape)
     model = GPTModel(
         config=transformer_config(hf_config, settings),
         transformer_layer_spec=layer_spec(shape, layer_spec_name(settings)),
@@ -255,6 +260,10 @@ def load_hf_state(
     from megatron.core import parallel_state
 
     full = mapping.hf_to_megatron(hf_state, shape, spec_name, grouped_experts=spec_name == "te")
+    ep_size = parallel_state.get_expert_model_parallel_world_size()
+    if ep_size > 1:
+        ep_rank = parallel_state.get_expert_model_parallel_rank()
+        full = mapping.select_local_experts(full, shape.num_experts, ep_size, ep_rank)
     shard = mapping.shard_state_dict(
         full,
         parallel_state.get_tensor_model_parallel_world_size(),
@@ -277,21 +286,36 @@ def load_weights_checked(model: torch.nn.Module, state: Mapping[str, Any]) -> No
 def gather_hf_state(
     model: torch.nn.Module, shape: mapping.Qwen3Shape, spec_name: mapping.LayerSpec
 ) -> dict[str, Tensor]:
-    """Full HF-named tensors on every rank (collective over the TP group) for sync/export."""
+    """Full HF-named tensors on every rank (collective over TP, then EP) for sync/export."""
     from megatron.core import parallel_state
 
-    tp_size = parallel_state.get_tensor_model_parallel_world_size()
     local = {
         n: t.detach() for n, t in model.state_dict().items() if not mapping.is_megatron_metadata(n)
     }
-    if tp_size == 1:
-        return mapping.megatron_to_hf(local, shape, spec_name, grouped_experts=spec_name == "te")
-    group = parallel_state.get_tensor_model_parallel_group()
-    shards_by_rank: list[dict[str, Tensor]] = [{} for _ in range(tp_size)]
+    full = _gather_over(
+        local, parallel_state.get_tensor_model_parallel_group(), mapping.gather_state_dicts
+    )
+    if parallel_state.get_expert_model_parallel_world_size() > 1:
+        experts = {n: t for n, t in full.items() if mapping.expert_of(n) is not None}
+        gathered = _gather_over(
+            experts,
+            parallel_state.get_expert_model_parallel_group(),
+            lambda by_rank: mapping.merge_local_experts(by_rank, shape.num_experts),
+        )
+        full = {n: t for n, t in full.items() if mapping.expert_of(n) is None} | gathered
+    return mapping.megatron_to_hf(full, shape, spec_name, grouped_experts=spec_name == "te")
+
+
+def _gather_over(local: dict[str, Tensor], group: Any, combine) -> dict[str, Tensor]:
+    """Every rank's ``local`` (same names and shapes on each) all-gathered over ``group``,
+    then ``combine``d from the list of per-rank dicts; ``local`` itself for a group of one."""
+    size = torch.distributed.get_world_size(group)
+    if size == 1:
+        return local
+    by_rank: list[dict[str, Tensor]] = [{} for _ in range(size)]
     for name, tensor in local.items():
-        parts = [torch.empty_like(tensor) for _ in range(tp_size)]
+        parts = [torch.empty_like(tensor) for _ in range(size)]
         torch.distributed.all_gather(parts, tensor.contiguous(), group=group)
         for rank, part in enumerate(parts):
-            shards_by_rank[rank][name] = part
-    full = mapping.gather_state_dicts(shards_by_rank)
-    return mapping.megatron_to_hf(full, shape, spec_name, grouped_experts=spec_name == "te")
+            by_rank[rank][name] = part
+    return combine(by_rank)

@@ -82,8 +82,11 @@ class TorchModel:
         else:
             self.network.eval().requires_grad_(False)
 
+    def micro_batch_rows(self, batch: TrainBatch) -> list[list[int]]:
+        return token_budget_chunks(batch, self.micro_batch_tokens)
+
     def micro_batches(self, batch: TrainBatch) -> Iterator[TrainBatch]:
-        for rows in token_budget_chunks(batch, self.micro_batch_tokens):
+        for rows in self.micro_batch_rows(batch):
             yield batch.select(rows)
 
     def _inputs(self, micro: TrainBatch) -> tuple[Tensor, Tensor]:

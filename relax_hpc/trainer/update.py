@@ -188,9 +188,7 @@ def update_critic(
 
 
 def _micro_rows(model: TorchModel, local: TrainBatch) -> list[Tensor]:
-    from relax_hpc.trainer.batch import token_budget_chunks
-
-    return [torch.tensor(rows) for rows in token_budget_chunks(local, model.micro_batch_tokens)]
+    return [torch.tensor(rows) for rows in model.micro_batch_rows(local)]
 
 
 def _dev(tensor: Tensor | None, like: Tensor) -> Tensor | None:

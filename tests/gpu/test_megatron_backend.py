@@ -12,6 +12,7 @@ import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "unit" / "trainer"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from megatron_factories import tiny_qwen3  # noqa: E402
 
@@ -129,3 +130,32 @@ def test_gathered_hf_export_loads_with_transformers(megatron_gpu, tmp_path):
     exported = model.hf_state_dict()
     for name, tensor in loaded.state_dict().items():
         assert torch.equal(tensor, exported[name]), name
+
+
+@pytest.mark.skipif(
+    torch.cuda.is_available() and torch.cuda.device_count() < 2, reason="EP=2 needs 2 GPUs"
+)
+def test_expert_parallel_training_on_two_gpus():
+    """EP=2 with Megatron DDP and the distributed optimizer (a separate process per GPU):
+    the loss falls on both ranks and both gather the same full HF export."""
+    import multiprocessing
+
+    pytest.importorskip("megatron.core")
+    from megatron_ep_gpu_peer import run_ep_gpu_rank
+
+    context = multiprocessing.get_context("spawn")
+    results = context.Queue()
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    peers = [context.Process(target=run_ep_gpu_rank, args=(r, 2, port, results)) for r in (0, 1)]
+    for peer in peers:
+        peer.start()
+    reports = sorted((results.get(timeout=600) for _ in peers), key=lambda r: r["rank"])
+    for peer in peers:
+        peer.join(timeout=60)
+        assert peer.exitcode == 0
+    for report in reports:
+        assert report["names_match"], report
+        assert report["losses"][-1] < report["losses"][0], report
+    assert reports[0]["export_sum"] == reports[1]["export_sum"]

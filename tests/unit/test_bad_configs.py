@@ -67,7 +67,7 @@ BAD_CONFIGS = [
         QWEN + ["trainer.parallel.context=2"], "trainer.parallel.context", id="megatron-context"
     ),
     pytest.param(
-        QWEN + ["trainer.parallel.expert=2"], "trainer.parallel.expert", id="megatron-expert"
+        QWEN + ["trainer.parallel.expert=3"], "trainer.parallel.expert", id="expert-divides-data"
     ),
     pytest.param(QWEN + ["algo=ppo"], "trainer.backend", id="megatron-critic"),
     pytest.param(

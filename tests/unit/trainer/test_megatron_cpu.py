@@ -200,3 +200,30 @@ def test_tensor_parallel_2_on_cpu_matches_hf():
         assert report["logit_error"] < LOGIT_ATOL, report
         assert report["grad_error"] < 1e-4, report
         assert report["export_exact"], report
+
+
+def test_expert_parallel_2_on_cpu_matches_hf():
+    """Two gloo processes, EP=2 over a 4-expert Qwen3-MoE, a different input on each rank:
+    each holds its 2 experts renumbered 0..1, computes the HF logits of its input, gets the
+    HF gradients (experts: summed over both ranks' tokens), gathers an exact HF export, and
+    both agree on the larger micro-batch count (1 vs 3 -> 3)."""
+    import multiprocessing
+
+    from megatron_ep_peer import run_ep_rank
+
+    context = multiprocessing.get_context("spawn")
+    results = context.Queue()
+    port = free_loopback_port()
+    peers = [context.Process(target=run_ep_rank, args=(r, 2, port, results)) for r in (0, 1)]
+    for peer in peers:
+        peer.start()
+    reports = sorted((results.get(timeout=180) for _ in peers), key=lambda r: r["rank"])
+    for peer in peers:
+        peer.join(timeout=30)
+        assert peer.exitcode == 0
+    for report in reports:
+        assert report["logit_error"] < LOGIT_ATOL, report
+        assert report["grad_error"] < 1e-4, report
+        assert report["local_experts"] == [0, 1], report
+        assert report["export_exact"], report
+        assert report["lockstep"] == 3, report

@@ -43,6 +43,34 @@ def test_moe_round_trip_is_exact(spec, grouped):
     assert_same_tensors(back, hf)
 
 
+@pytest.mark.parametrize(("spec", "grouped"), [("local", False), ("te", True)])
+@pytest.mark.parametrize("ep_size", [2, 4])
+def test_expert_parallel_select_then_merge_is_exact(spec, grouped, ep_size):
+    model = tiny_qwen3_moe()  # 4 experts
+    shape = shape_of(model)
+    full = mapping.hf_to_megatron(model.state_dict(), shape, spec, grouped_experts=grouped)
+    per_rank = [mapping.select_local_experts(full, 4, ep_size, r) for r in range(ep_size)]
+    per = 4 // ep_size
+    for rank, local in enumerate(per_rank):
+        experts = {mapping.expert_of(n)[1] for n in local if mapping.expert_of(n)}
+        assert experts == set(range(per))  # renumbered from 0 on every rank
+        for name, tensor in local.items():  # and it is the global expert rank * per + e
+            if (parts := mapping.expert_of(name)) is not None:
+                prefix, expert, suffix = parts
+                assert tensor is full[f"{prefix}{rank * per + expert}{suffix}"]
+    assert_same_tensors(mapping.merge_local_experts(per_rank, 4), full)
+
+
+def test_expert_parallel_must_divide_the_experts():
+    full = mapping.hf_to_megatron(
+        tiny_qwen3_moe().state_dict(), shape_of(tiny_qwen3_moe()), "local"
+    )
+    with pytest.raises(ValueError, match=r"trainer\.parallel\.expert=3 must divide .* 4 experts"):
+        mapping.select_local_experts(full, 4, 3, 0)
+    with pytest.raises(ValueError, match="0 experts"):
+        mapping.experts_per_rank(0, 2)  # a dense model has none to spread
+
+
 def test_qkv_rows_are_grouped_q_heads_then_k_then_v():
     shape = shape_of(tiny_qwen3(False))  # 4 heads, 2 query groups, head_dim 16
     dim, hidden = shape.head_dim, shape.hidden_size
