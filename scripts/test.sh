@@ -3,7 +3,8 @@
 #
 # 1. pip: relax_hpc with its test extra (scripts/install.sh --test)
 # 2. apt + daemons: a local Slurm cluster (scripts/slurm_local.sh), stopped on exit
-# 3. ruff, then pytest over tests/ (gpu tests skip themselves without CUDA)
+# 3. ruff; the gpu extra resolves for Python 3.12 (scripts/check_gpu_stack.sh); then
+#    pytest over tests/ (gpu tests skip themselves without CUDA)
 # Exits non-zero when anything fails, and also when pytest ran no test (its exit 5).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -19,6 +20,9 @@ fi
 
 echo "relax_hpc test: ruff"
 ruff check relax_hpc tests benchmarks scripts
+
+echo "relax_hpc test: gpu stack"
+bash scripts/check_gpu_stack.sh
 
 echo "relax_hpc test: pytest"
 set +e
