@@ -219,14 +219,13 @@ def _check_megatron(cfg: RunConfig) -> None:
     if cfg.trainer.backend != "megatron":
         return
     layout = cfg.trainer.parallel
-    for name in ("pipeline", "context"):
-        if getattr(layout, name) != 1:
-            raise ConfigError(
-                f"trainer.parallel.{name}",
-                f"the megatron backend does not support {name} parallelism yet (got "
-                f"{getattr(layout, name)}); set trainer.parallel.{name}=1 "
-                "(tensor, expert and data parallelism are supported)",
-            )
+    if layout.context != 1:
+        raise ConfigError(
+            "trainer.parallel.context",
+            f"the megatron backend does not support context parallelism yet (got "
+            f"{layout.context}); set trainer.parallel.context=1 "
+            "(tensor, pipeline, expert and data parallelism are supported)",
+        )
     # The same test as relax_hpc.algo.resolve(...).needs_critic, without importing the losses.
     if cfg.algo.with_algorithm_defaults().advantage_estimator == "gae":
         raise ConfigError(

@@ -1,16 +1,18 @@
 """The Megatron-core trainer backend: ``MegatronModel`` exposes the ``TorchModel`` methods the
-loop uses (per-token log-probs and entropies, optimiser step) over a Qwen3 ``GPTModel``.
+loop uses (per-token log-probs and entropies, ``forward_backward``, optimiser step) over a
+Qwen3 ``GPTModel``.
 
-On GPU it trains with Megatron's ``DistributedDataParallel`` and distributed optimizer
-(TP, EP for MoE models, and DP; see ``MegatronSettings.check_supported``) and checkpoints in Megatron's torch_dist (DCP) format.
-On CPU (tests, one process) it steps a plain ``torch.optim.AdamW``; that path exists to check
-the model against HF on a CPU box.
+On GPU it trains with Megatron's ``DistributedDataParallel`` and distributed optimizer (TP,
+PP through Megatron's 1F1B schedule, EP for MoE models, and DP) and checkpoints in
+Megatron's torch_dist (DCP) format. Under PP the loop's loss runs on the last stage and its
+metrics (and forward-only log-probs) are broadcast to the other stages. On CPU (tests, one
+process) it steps a plain ``torch.optim.AdamW``; that path exists to check the model against
+HF on a CPU box (Megatron's pipeline schedule is CUDA-only).
 
 It must not import megatron at module import time, own the loop or the loss, or know about
-the spool and weight sync. It deliberately leaves out pipeline and context parallelism in
-the forward (they need Megatron's pipeline schedule and CP-aware attention), a critic, and
-packed sequences: batches are right-padded, so the causal mask alone keeps padding out of
-every real token's logits.
+the spool and weight sync. It deliberately leaves out context parallelism (CP-aware
+attention), a critic, and packed sequences: batches are right-padded, so the causal mask
+alone keeps padding out of every real token's logits.
 """
 
 from __future__ import annotations
@@ -42,7 +44,11 @@ from relax_hpc.trainer.megatron_model import (
     load_hf_state,
     load_weights_checked,
 )
-from relax_hpc.trainer.torch_backend import warmup_lambda
+from relax_hpc.trainer.torch_backend import (
+    MicroLossFn,
+    sequential_forward_backward,
+    warmup_lambda,
+)
 from relax_hpc.trainer.update import Networks
 
 # ---------------------------------------------------------------- per-token outputs
@@ -61,6 +67,15 @@ def response_logprobs(
     if not with_entropy:
         return logprobs_BT, None
     return logprobs_BT, gather_response(entropy_from_logits(logits_BLV), micro.prompt_len_B, width)
+
+
+def _keep_logprobs(index: int, logprobs: Tensor, entropy: Tensor) -> tuple[Tensor, dict]:
+    """The ``loss_fn`` of a forward-only pass: no loss, the log-probs kept as its metric."""
+    return logprobs.new_zeros(()), {"logprobs": logprobs}
+
+
+def _to_cpu(value: Any) -> Any:
+    return value.detach().cpu() if isinstance(value, Tensor) else value
 
 
 @dataclass
@@ -124,17 +139,25 @@ class MegatronModel:
         for rows in self.micro_batch_rows(batch):
             yield batch.select(rows)
 
-    def logits(self, input_ids_BL: Tensor) -> Tensor:
-        """``[B, L, V]`` float32 logits; right padding only, so no mask beyond causal."""
-        length = input_ids_BL.shape[1]
+    @property
+    def pipelined(self) -> bool:
+        return self.gpt_model.config.pipeline_model_parallel_size > 1
+
+    def _forward(self, network: torch.nn.Module, input_ids_BL: Tensor) -> Tensor:
+        """``network``'s output: ``[B, L', V]`` logits on the last stage (L' >= L), else the
+        hidden states the pipeline schedule sends on. Right padding only, so no mask beyond
+        causal."""
         # Sequence parallelism splits the sequence over TP ranks: pad L to a multiple of TP.
         # Extra positions come last, so under the causal mask they change no real logit.
         config = self.gpt_model.config
         multiple = config.tensor_model_parallel_size if config.sequence_parallel else 1
-        padded_BL = F.pad(input_ids_BL, (0, -length % multiple))
+        padded_BL = F.pad(input_ids_BL, (0, -input_ids_BL.shape[1] % multiple))
         positions_BL = torch.arange(padded_BL.shape[1], device=self.device).expand_as(padded_BL)
-        logits_BLV = self.network(padded_BL, positions_BL, attention_mask=None)
-        return logits_BLV[:, :length].float()
+        return network(padded_BL, positions_BL, attention_mask=None)
+
+    def logits(self, input_ids_BL: Tensor) -> Tensor:
+        """``[B, L, V]`` float32 logits (no pipeline parallelism)."""
+        return self._forward(self.network, input_ids_BL)[:, : input_ids_BL.shape[1]].float()
 
     def token_logprobs(
         self, micro: TrainBatch, temperature: float, with_entropy: bool
@@ -144,17 +167,69 @@ class MegatronModel:
             self.logits(input_ids) / temperature, input_ids, micro, with_entropy
         )
 
+    def forward_backward(
+        self, micros: list[TrainBatch], temperature: float, loss_fn: MicroLossFn
+    ) -> list[dict[str, Any]]:
+        """``TorchModel.forward_backward``; under PP through Megatron's 1F1B schedule."""
+        if not self.pipelined:
+            return sequential_forward_backward(self, micros, temperature, loss_fn)
+        return self._pipeline(micros, temperature, loss_fn, forward_only=False)
+
     def token_values(self, micro: TrainBatch) -> Tensor:
         raise ValueError("the megatron backend has no critic; use trainer.backend=torch")
 
     @torch.no_grad()
     def logprobs(self, batch: TrainBatch, temperature: float) -> Tensor:
         width = batch.response_mask_BT.shape[1]
-        parts = [
-            self.token_logprobs(m, temperature, False)[0].cpu() for m in self.micro_batches(batch)
-        ]
+        micros = list(self.micro_batches(batch))
+        if self.pipelined:
+            results = self._pipeline(micros, temperature, _keep_logprobs, forward_only=True)
+            parts = [r["logprobs"] for r in results]
+        else:
+            parts = [self.token_logprobs(m, temperature, False)[0].cpu() for m in micros]
         padded = [F.pad(p, (0, width - p.shape[1])) for p in parts]
         return torch.cat(padded, dim=0)
+
+    def _pipeline(
+        self, micros: list[TrainBatch], temperature: float, loss_fn: MicroLossFn, forward_only: bool
+    ) -> list[dict[str, Any]]:
+        """Megatron's pipeline schedule over ``micros``; every stage returns the last stage's
+        per-micro-batch metrics (moved to the CPU)."""
+        from megatron.core import parallel_state
+        from megatron.core.pipeline_parallel import get_forward_backward_func
+
+        results: list[dict[str, Any]] = []
+        scale = len(micros)  # the schedule divides each loss by the micro-batch count
+
+        def forward_step(data_iterator, network):
+            index, micro = next(data_iterator)
+            input_ids = micro.input_ids_BL.to(self.device)
+            output = self._forward(network, input_ids)
+
+            def loss_func(logits_BLV: Tensor):
+                logits_BLV = logits_BLV[:, : input_ids.shape[1]].float() / temperature
+                logprobs, entropy = response_logprobs(logits_BLV, input_ids, micro, True)
+                loss, metrics = loss_fn(index, logprobs, entropy)
+                results.append({"loss": loss.detach(), **metrics})
+                return loss * scale, {}
+
+            return output, loss_func
+
+        get_forward_backward_func()(
+            forward_step_func=forward_step,
+            data_iterator=iter(enumerate(micros)),
+            model=[self.network],
+            num_microbatches=len(micros),
+            seq_length=max(m.input_ids_BL.shape[1] for m in micros),  # shapes are sent
+            micro_batch_size=max(m.num_samples for m in micros),  # per micro-batch anyway
+            forward_only=forward_only,
+        )
+        on_cpu = [{k: _to_cpu(v) for k, v in r.items()} for r in results]
+        box = [on_cpu]
+        last = parallel_state.get_pipeline_model_parallel_last_rank()
+        group = parallel_state.get_pipeline_model_parallel_group()
+        torch.distributed.broadcast_object_list(box, src=last, group=group)
+        return box[0]
 
     def optimizer_step(self) -> dict[str, float]:
         """Clip, step, schedule; returns the pre-clip gradient norm and learning rate."""
@@ -340,9 +415,9 @@ def megatron_model_from_hf(
         model.eval().requires_grad_(False)
         return MegatronModel(model, config, spec_name, device, micro_batch_tokens)
     model.train()
-    if settings.on_cpu and (settings.tensor, settings.expert) != (1, 1):
+    if settings.on_cpu and (settings.tensor, settings.pipeline, settings.expert) != (1, 1, 1):
         raise ValueError(
-            "trainer.parallel: CPU training runs one process; set tensor and expert to 1"
+            "trainer.parallel: CPU training runs one process; set tensor, pipeline, expert to 1"
         )
     wrap = cpu_training_wrappers(model, optim) if settings.on_cpu else None
     network, optimizer, scheduler = wrap or megatron_training_wrappers(model, settings, optim)

@@ -17,8 +17,11 @@ Megatron layouts, as read in megatron-core 0.16:
 
 Expert parallelism (EP): each EP rank holds ``num_experts / EP`` consecutive experts,
 numbered from 0 on that rank (``select_local_experts`` / ``merge_local_experts``).
+Pipeline parallelism (PP): stage s holds layers ``s * L/PP ..`` numbered from 0, the first
+stage the embedding, the last the final norm and the output layer, which with tied
+embeddings is a copy of the embedding there (``select_stage`` / ``merge_stages``).
 
-It deliberately leaves out pipeline-stage layer renumbering, biases (Qwen3 has none) and
+It deliberately leaves out uneven pipeline stages, biases (Qwen3 has none) and
 Megatron-side vocabulary padding.
 """
 
@@ -360,4 +363,56 @@ def merge_local_experts(
             if parts is not None:
                 prefix, expert, suffix = parts
                 merged[f"{prefix}{rank * per + expert}{suffix}"] = tensor
+    return merged
+
+
+# ---------------------------------------------------------------- pipeline parallelism
+
+_LAYER = re.compile(r"^decoder\.layers\.(\d+)\.(.*)$")
+_EMBEDDING = "embedding.word_embeddings.weight"
+_OUTPUT = "output_layer.weight"
+
+
+def layers_per_stage(num_layers: int, pp_size: int) -> int:
+    if num_layers % pp_size:
+        raise ValueError(
+            f"trainer.parallel.pipeline={pp_size} must divide the model's {num_layers} layers"
+        )
+    return num_layers // pp_size
+
+
+def select_stage(
+    full: Mapping[str, Tensor], shape: Qwen3Shape, pp_size: int, pp_rank: int
+) -> dict[str, Tensor]:
+    """The tensors pipeline stage ``pp_rank`` holds, its layers renumbered from 0."""
+    per = layers_per_stage(shape.num_layers, pp_size)
+    first, last = pp_rank == 0, pp_rank == pp_size - 1
+    stage = {}
+    for name, tensor in full.items():
+        layer = _LAYER.match(name)
+        if layer is not None:
+            if int(layer.group(1)) // per == pp_rank:
+                stage[f"decoder.layers.{int(layer.group(1)) % per}.{layer.group(2)}"] = tensor
+        elif name.startswith("embedding.") and first:
+            stage[name] = tensor
+        elif not name.startswith("embedding.") and last:
+            stage[name] = tensor  # final norm, output layer
+    if last and pp_size > 1 and shape.tie_word_embeddings:
+        stage[_OUTPUT] = full[_EMBEDDING]  # Megatron keeps a synchronised copy here
+    return stage
+
+
+def merge_stages(states_by_stage: Sequence[Mapping[str, Tensor]], shape: Qwen3Shape) -> dict:
+    """Inverse of ``select_stage`` (the tied output copy of the last stage is dropped)."""
+    per = layers_per_stage(shape.num_layers, len(states_by_stage))
+    merged = {}
+    for stage, state in enumerate(states_by_stage):
+        for name, tensor in state.items():
+            layer = _LAYER.match(name)
+            if layer is not None:
+                merged[f"decoder.layers.{stage * per + int(layer.group(1))}.{layer.group(2)}"] = (
+                    tensor
+                )
+            elif not (name == _OUTPUT and shape.tie_word_embeddings):
+                merged[name] = tensor
     return merged

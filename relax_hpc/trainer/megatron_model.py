@@ -36,16 +36,15 @@ class MegatronSettings:
     on_cpu: bool = False
 
     def check_supported(self) -> None:
-        # PP and CP need Megatron's pipeline schedule and CP-aware attention in the forward.
-        if (self.pipeline, self.context) != (1, 1):
-            raise ValueError(
-                "trainer.parallel: the megatron backend runs pipeline=context=1 for now"
-            )
+        # CP needs CP-aware attention (Transformer Engine) and sequence splitting of the batch.
+        if self.context != 1:
+            raise ValueError("trainer.parallel.context: the megatron backend runs context=1")
 
     def check_model(self, shape: mapping.Qwen3Shape) -> None:
-        """Expert parallelism needs a MoE model whose experts it divides."""
+        """EP needs a MoE model whose experts it divides; PP evenly divided layers."""
         if self.expert > 1:
             mapping.experts_per_rank(shape.num_experts, self.expert)
+        mapping.layers_per_stage(shape.num_layers, self.pipeline)
 
 
 def initialize_model_parallel(settings: MegatronSettings) -> None:
@@ -101,6 +100,11 @@ def transformer_config(hf_config: Any, settings: MegatronSettings):
         pipeline_model_parallel_size=settings.pipeline,
         context_parallel_size=settings.context,
         expert_model_parallel_size=settings.expert,
+        # Pipeline stages exchange activations of each micro-batch: its shape varies with the
+        # token budget, so stages send shapes first; no device sync on a CPU box.
+        pipeline_dtype=settings.dtype,
+        variable_seq_lengths=settings.pipeline > 1,
+        batch_p2p_sync=on_gpu,
         # Saves activation memory under TP, but the local spec's torch norms refuse it.
         sequence_parallel=settings.tensor > 1 and layer_spec_name(settings) == "te",
         params_dtype=settings.dtype,
@@ -129,7 +133,9 @@ def _recompute_kwargs(settings: MegatronSettings) -> dict[str, Any]:
 
 def _moe_kwargs(hf_config: Any, shape: mapping.Qwen3Shape, settings: MegatronSettings) -> dict:
     if not shape.num_experts:
-        return {}
+        # Unused without experts, but Megatron refuses its default (allgather) together with
+        # the variable sequence lengths of pipeline parallelism.
+        return {"moe_token_dispatcher_type": "alltoall"}
     return {
         "num_moe_experts": shape.num_experts,
         "moe_ffn_hidden_size": hf_config.moe_intermediate_size,
@@ -230,7 +236,8 @@ def _device_local_rotary_class() -> type:
 
 
 def build_gpt_model(hf_config: Any, settings: MegatronSettings):
-    """The Qwen3 ``GPTModel`` (this rank's TP shard) with freshly initialised weights."""
+    """The Qwen3 ``GPTModel`` (this rank's TP shard and PP stage), freshly initialised."""
+    from megatron.core import parallel_state
     from megatron.core.models.gpt import GPTModel
 
     shape = mapping.Qwen3Shape.from_hf_config(hf_config)
@@ -244,6 +251,8 @@ def build_gpt_model(hf_config: Any, settings: MegatronSettings):
         position_embedding_type="rope",
         rotary_base=int(hf_config.rope_theta),
         parallel_output=False,  # full-vocabulary logits: log_softmax needs every token
+        pre_process=parallel_state.is_pipeline_first_stage(),
+        post_process=parallel_state.is_pipeline_last_stage(),
     )
     if settings.on_cpu:
         model.rotary_pos_emb.__class__ = _device_local_rotary_class()
@@ -264,6 +273,10 @@ def load_hf_state(
     if ep_size > 1:
         ep_rank = parallel_state.get_expert_model_parallel_rank()
         full = mapping.select_local_experts(full, shape.num_experts, ep_size, ep_rank)
+    pp_size = parallel_state.get_pipeline_model_parallel_world_size()
+    if pp_size > 1:
+        pp_rank = parallel_state.get_pipeline_model_parallel_rank()
+        full = mapping.select_stage(full, shape, pp_size, pp_rank)
     shard = mapping.shard_state_dict(
         full,
         parallel_state.get_tensor_model_parallel_world_size(),
@@ -286,7 +299,7 @@ def load_weights_checked(model: torch.nn.Module, state: Mapping[str, Any]) -> No
 def gather_hf_state(
     model: torch.nn.Module, shape: mapping.Qwen3Shape, spec_name: mapping.LayerSpec
 ) -> dict[str, Tensor]:
-    """Full HF-named tensors on every rank (collective over TP, then EP) for sync/export."""
+    """Full HF-named tensors on every rank (collective over TP, EP, then PP) for sync/export."""
     from megatron.core import parallel_state
 
     local = {
@@ -303,6 +316,8 @@ def gather_hf_state(
             lambda by_rank: mapping.merge_local_experts(by_rank, shape.num_experts),
         )
         full = {n: t for n, t in full.items() if mapping.expert_of(n) is None} | gathered
+    if parallel_state.get_pipeline_model_parallel_world_size() > 1:
+        full = mapping.merge_stages(_gather_stages(full), shape)
     return mapping.megatron_to_hf(full, shape, spec_name, grouped_experts=spec_name == "te")
 
 
@@ -319,3 +334,29 @@ def _gather_over(local: dict[str, Tensor], group: Any, combine) -> dict[str, Ten
         for rank, part in enumerate(parts):
             by_rank[rank][name] = part
     return combine(by_rank)
+
+
+def _gather_stages(local: dict[str, Tensor]) -> list[dict[str, Tensor]]:
+    """Every pipeline stage's tensors on every stage: names, shapes and dtypes first (they
+    differ between stages), then one broadcast per tensor from the stage that holds it."""
+    from megatron.core import parallel_state
+
+    group = parallel_state.get_pipeline_model_parallel_group()
+    specs: list[Any] = [None] * torch.distributed.get_world_size(group)
+    mine = [(name, tuple(t.shape), t.dtype) for name, t in local.items()]
+    torch.distributed.all_gather_object(specs, mine, group=group)
+    device = next(iter(local.values())).device
+    my_stage = parallel_state.get_pipeline_model_parallel_rank()
+    sources = torch.distributed.get_process_group_ranks(group)
+    by_stage = []
+    for stage, spec in enumerate(specs):
+        tensors = {}
+        for name, shape, dtype in spec:
+            if stage == my_stage:
+                tensor = local[name].contiguous()
+            else:
+                tensor = torch.empty(shape, dtype=dtype, device=device)
+            torch.distributed.broadcast(tensor, src=sources[stage], group=group)
+            tensors[name] = tensor
+        by_stage.append(tensors)
+    return by_stage

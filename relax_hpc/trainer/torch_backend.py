@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -17,6 +18,23 @@ from torch import Tensor
 
 from relax_hpc.algo import entropy_from_logits
 from relax_hpc.trainer.batch import TrainBatch, gather_response, token_budget_chunks
+
+# (micro-batch index, [B, T] log-probs, [B, T] entropies) -> (loss, metrics)
+MicroLossFn = Callable[[int, Tensor, Tensor], tuple[Tensor, dict[str, Tensor]]]
+
+
+def sequential_forward_backward(
+    model: Any, micros: list[TrainBatch], temperature: float, loss_fn: MicroLossFn
+) -> list[dict[str, Tensor]]:
+    """Per micro-batch: ``model.token_logprobs`` (with entropies), ``loss_fn(index, logprobs,
+    entropy)``, backward. Every micro-batch's metrics, its loss under ``"loss"``."""
+    results = []
+    for index, micro in enumerate(micros):
+        logprobs, entropy = model.token_logprobs(micro, temperature, with_entropy=True)
+        loss, metrics = loss_fn(index, logprobs, entropy)
+        loss.backward()
+        results.append({"loss": loss.detach(), **metrics})
+    return results
 
 
 def shard_with_fsdp2(model: torch.nn.Module) -> torch.nn.Module:
@@ -111,6 +129,11 @@ class TorchModel:
         if with_entropy:
             entropy_BT = gather_response(entropy_from_logits(logits_BLV), micro.prompt_len_B, width)
         return logprobs_BT, entropy_BT
+
+    def forward_backward(
+        self, micros: list[TrainBatch], temperature: float, loss_fn: MicroLossFn
+    ) -> list[dict[str, Tensor]]:
+        return sequential_forward_backward(self, micros, temperature, loss_fn)
 
     def token_values(self, micro: TrainBatch) -> Tensor:
         input_ids, attention = self._inputs(micro)

@@ -110,7 +110,6 @@ def update_policy(
     """``plan`` = (epochs, mini-batches, rank, world). Returns averaged metrics."""
     epochs, num_mini, rank, world = plan
     counts = global_counts(batch, num_mini)
-    need_entropy = spec.config.entropy_coef != 0
     totals: dict[str, float] = {}
     num_updates = 0
     for _ in range(epochs):
@@ -119,34 +118,56 @@ def update_policy(
         ):
             policy.zero_grad()
             local = batch.select(rows)
-            for micro_rows in _micro_rows(policy, local):
-                micro = local.select(micro_rows)
-                width = micro.response_mask_BT.shape[1]
-                part = tensors.rows(rows[micro_rows], width)
-                logprobs, entropy = policy.token_logprobs(micro, temperature, with_entropy=True)
-                loss, metrics = actor_loss(
-                    spec,
-                    logprobs,
-                    part.old_logprobs_BT.to(logprobs.device),
-                    part.advantages_BT.to(logprobs.device),
-                    micro.response_mask_BT.to(logprobs.device),
-                    rollout_logprobs_BT=micro.rollout_logprobs_BT.to(logprobs.device),
-                    ref_logprobs_BT=_dev(part.ref_logprobs_BT, logprobs),
-                    entropy_BT=entropy if need_entropy else entropy.detach(),
-                    teacher_logprobs_BT=_dev(part.teacher_logprobs_BT, logprobs),
-                    global_num_tokens=num_tokens,
-                    global_num_seqs=num_seqs,
-                    dp_size=world,
-                )
-                loss.backward()
+            micro_rows = _micro_rows(policy, local)
+            micros = [local.select(r) for r in micro_rows]
+            micro_loss = _actor_micro_loss(
+                spec, tensors, [rows[r] for r in micro_rows], micros, (num_tokens, num_seqs), world
+            )
+            # The backend runs forward, loss and backward (a pipeline schedule under PP).
+            results = policy.forward_backward(micros, temperature, micro_loss)
+            for micro, metrics in zip(micros, results, strict=True):
                 share = world * float(micro.response_mask_BT.sum()) / max(num_tokens, 1)
-                _accumulate(totals, {"loss/actor": loss.detach(), **metrics}, share, epochs)
+                loss = metrics.pop("loss")
+                _accumulate(totals, {"loss/actor": loss, **metrics}, share, epochs)
             for name, value in policy.optimizer_step().items():
                 totals[name] = totals.get(name, 0.0) + value
             num_updates += 1
     for key in ("grad_norm", "lr"):
         totals[key] = totals.get(key, 0.0) / max(num_updates, 1)
     return totals
+
+
+def _actor_micro_loss(
+    spec: AlgorithmSpec,
+    tensors: StepTensors,
+    rows_per_micro: list[Tensor],
+    micros: list[TrainBatch],
+    counts: tuple[int, int],
+    world: int,
+):
+    """The ``loss_fn`` a backend's ``forward_backward`` calls for micro-batch ``index``."""
+    need_entropy = spec.config.entropy_coef != 0
+    num_tokens, num_seqs = counts
+
+    def micro_loss(index: int, logprobs: Tensor, entropy: Tensor):
+        micro = micros[index]
+        part = tensors.rows(rows_per_micro[index], micro.response_mask_BT.shape[1])
+        return actor_loss(
+            spec,
+            logprobs,
+            part.old_logprobs_BT.to(logprobs.device),
+            part.advantages_BT.to(logprobs.device),
+            micro.response_mask_BT.to(logprobs.device),
+            rollout_logprobs_BT=micro.rollout_logprobs_BT.to(logprobs.device),
+            ref_logprobs_BT=_dev(part.ref_logprobs_BT, logprobs),
+            entropy_BT=entropy if need_entropy else entropy.detach(),
+            teacher_logprobs_BT=_dev(part.teacher_logprobs_BT, logprobs),
+            global_num_tokens=num_tokens,
+            global_num_seqs=num_seqs,
+            dp_size=world,
+        )
+
+    return micro_loss
 
 
 def update_critic(

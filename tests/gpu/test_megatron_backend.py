@@ -159,3 +159,33 @@ def test_expert_parallel_training_on_two_gpus():
         assert report["names_match"], report
         assert report["losses"][-1] < report["losses"][0], report
     assert reports[0]["export_sum"] == reports[1]["export_sum"]
+
+
+@pytest.mark.skipif(
+    torch.cuda.is_available() and torch.cuda.device_count() < 2, reason="PP=2 needs 2 GPUs"
+)
+def test_pipeline_parallel_through_megatrons_schedule_on_two_gpus():
+    """PP=2 through Megatron's 1F1B schedule: forward-only log-probs equal HF's on both
+    stages, and training steps lower the loss, whose metrics both stages receive."""
+    import multiprocessing
+
+    pytest.importorskip("megatron.core")
+    from megatron_pp_gpu_peer import run_pp_gpu_rank
+
+    context = multiprocessing.get_context("spawn")
+    results = context.Queue()
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    peers = [context.Process(target=run_pp_gpu_rank, args=(r, 2, port, results)) for r in (0, 1)]
+    for peer in peers:
+        peer.start()
+    reports = sorted((results.get(timeout=600) for _ in peers), key=lambda r: r["rank"])
+    for peer in peers:
+        peer.join(timeout=60)
+        assert peer.exitcode == 0
+    for report in reports:
+        assert report["logprob_error"] < 1e-3, report
+        assert report["micros"] > 1, report
+        assert report["losses"][-1] < report["losses"][0], report
+    assert reports[0]["losses"] == reports[1]["losses"]  # the last stage's, broadcast

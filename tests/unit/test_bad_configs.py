@@ -59,11 +59,6 @@ BAD_CONFIGS = [
     pytest.param(TINY + ["trainer.total_steps=abc"], "trainer.total_steps", id="wrong-type"),
     pytest.param(TINY + ["algo=nonexistent"], "algo", id="unknown-algorithm"),
     pytest.param(
-        QWEN + ["trainer.parallel.pipeline=2"],
-        "trainer.parallel.pipeline",
-        id="megatron-pipeline",
-    ),
-    pytest.param(
         QWEN + ["trainer.parallel.context=2"], "trainer.parallel.context", id="megatron-context"
     ),
     pytest.param(

@@ -227,3 +227,29 @@ def test_expert_parallel_2_on_cpu_matches_hf():
         assert report["local_experts"] == [0, 1], report
         assert report["export_exact"], report
         assert report["lockstep"] == 3, report
+
+
+def test_pipeline_parallel_2_on_cpu_matches_hf():
+    """Two gloo processes, PP=2 (one layer per stage), driven by hand as Megatron's schedule
+    does for a micro-batch: the last stage's logits are HF's, each stage's parameters are its
+    own slice (layers renumbered) with HF's gradients, and both gather an exact HF export."""
+    import multiprocessing
+
+    from megatron_pp_peer import run_pp_rank
+
+    context = multiprocessing.get_context("spawn")
+    results = context.Queue()
+    port = free_loopback_port()
+    peers = [context.Process(target=run_pp_rank, args=(r, 2, port, results)) for r in (0, 1)]
+    for peer in peers:
+        peer.start()
+    reports = sorted((results.get(timeout=180) for _ in peers), key=lambda r: r["rank"])
+    for peer in peers:
+        peer.join(timeout=30)
+        assert peer.exitcode == 0
+    assert reports[1]["logit_error"] < LOGIT_ATOL, reports[1]
+    for report in reports:
+        assert report["pipelined"], report
+        assert report["param_names_match"], report
+        assert report["grad_error"] < 1e-4, report
+        assert report["export_exact"], report

@@ -61,6 +61,38 @@ def test_expert_parallel_select_then_merge_is_exact(spec, grouped, ep_size):
     assert_same_tensors(mapping.merge_local_experts(per_rank, 4), full)
 
 
+@pytest.mark.parametrize("tie", [False, True])
+@pytest.mark.parametrize("pp_size", [2, 4])
+def test_pipeline_select_then_merge_is_exact(tie, pp_size):
+    model = tiny_qwen3(tie)
+    full = mapping.hf_to_megatron(model.state_dict(), shape_of(model), "local")
+    # Four layers (the tiny model's two, and distinct copies as layers 2 and 3)
+    shape = dataclasses.replace(shape_of(model), num_layers=4)
+    full |= {
+        n.replace("layers.0.", "layers.2.").replace("layers.1.", "layers.3."): t + 1
+        for n, t in full.items()
+        if n.startswith("decoder.layers.")
+    }
+    stages = [mapping.select_stage(full, shape, pp_size, s) for s in range(pp_size)]
+    per = 4 // pp_size
+    for index, stage in enumerate(stages):
+        layers = {int(n.split(".")[2]) for n in stage if n.startswith("decoder.layers.")}
+        assert layers == set(range(per))
+        assert ("embedding.word_embeddings.weight" in stage) is (index == 0)
+        last = index == pp_size - 1
+        assert ("decoder.final_layernorm.weight" in stage) is last
+        assert ("output_layer.weight" in stage) is last  # tied: the last stage's copy
+        if last and tie:
+            assert stage["output_layer.weight"] is full["embedding.word_embeddings.weight"]
+    assert_same_tensors(mapping.merge_stages(stages, shape), full)
+
+
+def test_pipeline_must_divide_the_layers():
+    shape = shape_of(tiny_qwen3(False))  # 2 layers
+    with pytest.raises(ValueError, match=r"pipeline=4 must divide the model's 2 layers"):
+        mapping.select_stage({}, shape, 4, 0)
+
+
 def test_expert_parallel_must_divide_the_experts():
     full = mapping.hf_to_megatron(
         tiny_qwen3_moe().state_dict(), shape_of(tiny_qwen3_moe()), "local"
