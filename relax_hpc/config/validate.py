@@ -164,12 +164,13 @@ def _check_backends(cfg: RunConfig) -> None:
             "sglang needs GPUs; set rollout.gpus_per_node or backend=transformers",
         )
     layout = cfg.trainer.parallel
-    if cfg.trainer.backend == "torch" and (layout.tensor, layout.pipeline) != (1, 1):
-        raise ConfigError(
-            "trainer.parallel.tensor",
-            "the torch backend is data parallel only (FSDP2); use trainer.backend=megatron "
-            "for tensor/pipeline parallelism",
-        )
+    for name in ("tensor", "pipeline", "context"):
+        if cfg.trainer.backend == "torch" and getattr(layout, name) != 1:
+            raise ConfigError(
+                f"trainer.parallel.{name}",
+                "the torch backend is data parallel only (FSDP2); use trainer.backend=megatron "
+                "for tensor/pipeline/context parallelism",
+            )
 
 
 def trainer_world_size(trainer: TrainerConfig) -> int:
@@ -215,17 +216,9 @@ def _check_trainer_layout(trainer: TrainerConfig) -> None:
 
 
 def _check_megatron(cfg: RunConfig) -> None:
-    """What the megatron backend does not run yet (see ``MegatronSettings.check_supported``)."""
+    """What the megatron backend does not run yet."""
     if cfg.trainer.backend != "megatron":
         return
-    layout = cfg.trainer.parallel
-    if layout.context != 1:
-        raise ConfigError(
-            "trainer.parallel.context",
-            f"the megatron backend does not support context parallelism yet (got "
-            f"{layout.context}); set trainer.parallel.context=1 "
-            "(tensor, pipeline, expert and data parallelism are supported)",
-        )
     # The same test as relax_hpc.algo.resolve(...).needs_critic, without importing the losses.
     if cfg.algo.with_algorithm_defaults().advantage_estimator == "gae":
         raise ConfigError(

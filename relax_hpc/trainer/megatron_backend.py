@@ -35,6 +35,7 @@ from relax_hpc.trainer.batch import (
     split_to_count,
     token_budget_chunks,
 )
+from relax_hpc.trainer.megatron_cp import gather_from_cp, split_for_cp
 from relax_hpc.trainer.megatron_model import (
     MegatronSettings,
     build_gpt_model,
@@ -58,15 +59,28 @@ def response_logprobs(
     logits_BLV: Tensor, input_ids_BL: Tensor, micro: TrainBatch, with_entropy: bool
 ) -> tuple[Tensor, Tensor | None]:
     """``[B, T]`` log-probs of the response tokens (and entropies) from tempered logits."""
-    width = micro.response_mask_BT.shape[1]
     next_tokens_BL = torch.roll(input_ids_BL, shifts=-1, dims=1)
-    logprobs_BL = (
-        torch.log_softmax(logits_BLV, dim=-1).gather(-1, next_tokens_BL.unsqueeze(-1)).squeeze(-1)
+    return responses(*per_token(logits_BLV, next_tokens_BL, with_entropy), micro)
+
+
+def per_token(
+    logits_BSV: Tensor, next_tokens_BS: Tensor, with_entropy: bool
+) -> tuple[Tensor, Tensor | None]:
+    """Log-prob of each position's next token (and the entropy) from tempered logits."""
+    logprobs_BS = (
+        torch.log_softmax(logits_BSV, dim=-1).gather(-1, next_tokens_BS.unsqueeze(-1)).squeeze(-1)
     )
+    return logprobs_BS, entropy_from_logits(logits_BSV) if with_entropy else None
+
+
+def responses(
+    logprobs_BL: Tensor, entropy_BL: Tensor | None, micro: TrainBatch
+) -> tuple[Tensor, Tensor | None]:
+    width = micro.response_mask_BT.shape[1]
     logprobs_BT = gather_response(logprobs_BL, micro.prompt_len_B, width)
-    if not with_entropy:
+    if entropy_BL is None:
         return logprobs_BT, None
-    return logprobs_BT, gather_response(entropy_from_logits(logits_BLV), micro.prompt_len_B, width)
+    return logprobs_BT, gather_response(entropy_BL, micro.prompt_len_B, width)
 
 
 def _keep_logprobs(index: int, logprobs: Tensor, entropy: Tensor) -> tuple[Tensor, dict]:
@@ -143,29 +157,60 @@ class MegatronModel:
     def pipelined(self) -> bool:
         return self.gpt_model.config.pipeline_model_parallel_size > 1
 
+    def _cp(self) -> tuple[int, int]:
+        from megatron.core import parallel_state
+
+        return (
+            parallel_state.get_context_parallel_world_size(),
+            parallel_state.get_context_parallel_rank(),
+        )
+
     def _forward(self, network: torch.nn.Module, input_ids_BL: Tensor) -> Tensor:
-        """``network``'s output: ``[B, L', V]`` logits on the last stage (L' >= L), else the
-        hidden states the pipeline schedule sends on. Right padding only, so no mask beyond
-        causal."""
-        # Sequence parallelism splits the sequence over TP ranks: pad L to a multiple of TP.
-        # Extra positions come last, so under the causal mask they change no real logit.
+        """``network``'s output for this rank's tokens: ``[B, S, V]`` logits on the last
+        stage, else the hidden states the pipeline schedule sends on. Right padding only, so
+        no mask beyond causal."""
+        # Sequence parallelism splits the sequence over TP ranks, context parallelism into
+        # 2 x CP chunks: pad L to a multiple of both. Extra positions come last, so under
+        # the causal mask they change no real logit.
         config = self.gpt_model.config
+        cp_size, cp_rank = self._cp()
         multiple = config.tensor_model_parallel_size if config.sequence_parallel else 1
+        multiple *= 2 * cp_size if cp_size > 1 else 1
         padded_BL = F.pad(input_ids_BL, (0, -input_ids_BL.shape[1] % multiple))
         positions_BL = torch.arange(padded_BL.shape[1], device=self.device).expand_as(padded_BL)
+        if cp_size > 1:
+            padded_BL = split_for_cp(padded_BL, cp_size, cp_rank)
+            positions_BL = split_for_cp(positions_BL, cp_size, cp_rank)
         return network(padded_BL, positions_BL, attention_mask=None)
 
     def logits(self, input_ids_BL: Tensor) -> Tensor:
-        """``[B, L, V]`` float32 logits (no pipeline parallelism)."""
+        """``[B, L, V]`` float32 logits (no pipeline or context parallelism)."""
         return self._forward(self.network, input_ids_BL)[:, : input_ids_BL.shape[1]].float()
+
+    def _responses(
+        self, logits_BSV: Tensor, input_ids_BL: Tensor, micro: TrainBatch, with_entropy: bool
+    ) -> tuple[Tensor, Tensor | None]:
+        """Response log-probs (and entropies) from this rank's tempered logits; under CP the
+        per-token values of every CP rank are gathered into the whole sequence first."""
+        cp_size, cp_rank = self._cp()
+        length = input_ids_BL.shape[1]
+        if cp_size == 1:
+            return response_logprobs(logits_BSV[:, :length], input_ids_BL, micro, with_entropy)
+        from megatron.core import parallel_state
+
+        padded = logits_BSV.shape[1] * cp_size
+        next_BL = F.pad(torch.roll(input_ids_BL, shifts=-1, dims=1), (0, padded - length))
+        local = per_token(logits_BSV, split_for_cp(next_BL, cp_size, cp_rank), with_entropy)
+        group = parallel_state.get_context_parallel_group()
+        full = [None if t is None else gather_from_cp(t, group)[:, :length] for t in local]
+        return responses(full[0], full[1], micro)
 
     def token_logprobs(
         self, micro: TrainBatch, temperature: float, with_entropy: bool
     ) -> tuple[Tensor, Tensor | None]:
         input_ids = micro.input_ids_BL.to(self.device)
-        return response_logprobs(
-            self.logits(input_ids) / temperature, input_ids, micro, with_entropy
-        )
+        logits = self._forward(self.network, input_ids).float() / temperature
+        return self._responses(logits, input_ids, micro, with_entropy)
 
     def forward_backward(
         self, micros: list[TrainBatch], temperature: float, loss_fn: MicroLossFn
@@ -206,9 +251,9 @@ class MegatronModel:
             input_ids = micro.input_ids_BL.to(self.device)
             output = self._forward(network, input_ids)
 
-            def loss_func(logits_BLV: Tensor):
-                logits_BLV = logits_BLV[:, : input_ids.shape[1]].float() / temperature
-                logprobs, entropy = response_logprobs(logits_BLV, input_ids, micro, True)
+            def loss_func(logits_BSV: Tensor):
+                logits = logits_BSV.float() / temperature
+                logprobs, entropy = self._responses(logits, input_ids, micro, True)
                 loss, metrics = loss_fn(index, logprobs, entropy)
                 results.append({"loss": loss.detach(), **metrics})
                 return loss * scale, {}

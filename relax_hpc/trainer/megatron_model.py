@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from relax_hpc.trainer import megatron_mapping as mapping
+from relax_hpc.trainer.megatron_cp import causal_mask_for_cp, cp_positions, gather_from_cp
 
 
 @dataclass(frozen=True)
@@ -35,11 +36,6 @@ class MegatronSettings:
     recompute_layers: bool = False  # full recompute of every layer's activations
     on_cpu: bool = False
 
-    def check_supported(self) -> None:
-        # CP needs CP-aware attention (Transformer Engine) and sequence splitting of the batch.
-        if self.context != 1:
-            raise ValueError("trainer.parallel.context: the megatron backend runs context=1")
-
     def check_model(self, shape: mapping.Qwen3Shape) -> None:
         """EP needs a MoE model whose experts it divides; PP evenly divided layers."""
         if self.expert > 1:
@@ -52,7 +48,6 @@ def initialize_model_parallel(settings: MegatronSettings) -> None:
     import torch.distributed as dist
     from megatron.core import parallel_state
 
-    settings.check_supported()
     if not dist.is_initialized():
         # init_trainer_group skips world size 1, but Megatron's groups need a default group.
         backend = "gloo" if settings.on_cpu else "nccl"
@@ -185,8 +180,7 @@ class SdpaCoreAttention(torch.nn.Module):
 
     def __init__(self, *, config, softmax_scale: float | None = None, **_unused: Any) -> None:
         super().__init__()
-        if config.context_parallel_size > 1:
-            raise ValueError("SdpaCoreAttention does not support context parallelism")
+        self.cp_size = config.context_parallel_size
         self.softmax_scale = softmax_scale
         self.dropout_p = config.attention_dropout
 
@@ -203,11 +197,22 @@ class SdpaCoreAttention(torch.nn.Module):
         assert attention_mask is None and attention_bias is None and packed_seq_params is None
         # Megatron passes [seq, batch, heads, head_dim]; SDPA wants [batch, heads, seq, head_dim].
         q, k, v = (t.permute(1, 2, 0, 3) for t in (query, key, value))
+        mask = None
+        if self.cp_size > 1:
+            # Context parallel: every key and value of the sequence, in global order (an
+            # all-gather, not Transformer Engine's ring), masked by global positions.
+            from megatron.core import parallel_state
+
+            group = parallel_state.get_context_parallel_group()
+            k, v = (gather_from_cp(t, group, dim=2) for t in (k, v))
+            rank = parallel_state.get_context_parallel_rank()
+            mask = causal_mask_for_cp(q.shape[2], self.cp_size, rank, q.device)
         out_BNSD = F.scaled_dot_product_attention(
             q,
             k,
             v,
-            is_causal=True,
+            attn_mask=mask,
+            is_causal=mask is None,
             scale=self.softmax_scale,
             dropout_p=self.dropout_p if self.training else 0.0,
             enable_gqa=q.shape[1] != k.shape[1],
@@ -221,7 +226,7 @@ def _device_local_rotary_class() -> type:
     from megatron.core.models.common.embeddings.rotary_pos_embedding import RotaryEmbedding
 
     class DeviceLocalRotaryEmbedding(RotaryEmbedding):
-        """``RotaryEmbedding`` whose table stays on ``inv_freq``'s device.
+        """``RotaryEmbedding`` whose table stays on ``inv_freq``'s device (CPU runs).
 
         megatron-core 0.16 ``get_emb`` moves a CPU ``inv_freq`` to ``torch.cuda.current_device()``,
         which raises on a CPU-only torch. Same math otherwise (non-interleaved, as HF Qwen3).
@@ -231,6 +236,17 @@ def _device_local_rotary_class() -> type:
             assert not self.rotary_interleaved
             freqs = self.get_freqs_non_repeated(max_seq_len, offset)
             return torch.cat((freqs, freqs), dim=-1)[:, None, None, :]
+
+        def forward(self, max_seq_len: int, offset: int = 0, packed_seq: bool = False, **_):
+            """The table of this CP rank's positions (Megatron's slicing calls ``.cuda()``)."""
+            from megatron.core import parallel_state
+
+            emb = self.get_emb(max_seq_len, offset)
+            cp_size = parallel_state.get_context_parallel_world_size()
+            if cp_size == 1 or packed_seq:
+                return emb
+            rank = parallel_state.get_context_parallel_rank()
+            return emb[cp_positions(max_seq_len, cp_size, rank, emb.device)]
 
     return DeviceLocalRotaryEmbedding
 

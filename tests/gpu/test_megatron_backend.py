@@ -162,22 +162,27 @@ def test_expert_parallel_training_on_two_gpus():
 
 
 @pytest.mark.skipif(
-    torch.cuda.is_available() and torch.cuda.device_count() < 2, reason="PP=2 needs 2 GPUs"
+    torch.cuda.is_available() and torch.cuda.device_count() < 2, reason="needs 2 GPUs"
 )
-def test_pipeline_parallel_through_megatrons_schedule_on_two_gpus():
-    """PP=2 through Megatron's 1F1B schedule: forward-only log-probs equal HF's on both
-    stages, and training steps lower the loss, whose metrics both stages receive."""
+@pytest.mark.parametrize("parallel", [{"pipeline": 2}, {"context": 2}], ids=["pp2", "cp2"])
+def test_pipeline_or_context_parallel_on_two_gpus(parallel):
+    """PP=2 through Megatron's 1F1B schedule, or CP=2 (Transformer Engine's attention when
+    installed): forward-only log-probs equal HF's on both ranks, and training steps lower
+    the loss, whose metrics both ranks receive."""
     import multiprocessing
 
     pytest.importorskip("megatron.core")
-    from megatron_pp_gpu_peer import run_pp_gpu_rank
+    from megatron_parallel_gpu_peer import run_parallel_gpu_rank
 
     context = multiprocessing.get_context("spawn")
     results = context.Queue()
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    peers = [context.Process(target=run_pp_gpu_rank, args=(r, 2, port, results)) for r in (0, 1)]
+    peers = [
+        context.Process(target=run_parallel_gpu_rank, args=(r, 2, port, results, parallel))
+        for r in (0, 1)
+    ]
     for peer in peers:
         peer.start()
     reports = sorted((results.get(timeout=600) for _ in peers), key=lambda r: r["rank"])
@@ -188,4 +193,4 @@ def test_pipeline_parallel_through_megatrons_schedule_on_two_gpus():
         assert report["logprob_error"] < 1e-3, report
         assert report["micros"] > 1, report
         assert report["losses"][-1] < report["losses"][0], report
-    assert reports[0]["losses"] == reports[1]["losses"]  # the last stage's, broadcast
+    assert reports[0]["losses"] == reports[1]["losses"]

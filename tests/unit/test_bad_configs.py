@@ -59,7 +59,7 @@ BAD_CONFIGS = [
     pytest.param(TINY + ["trainer.total_steps=abc"], "trainer.total_steps", id="wrong-type"),
     pytest.param(TINY + ["algo=nonexistent"], "algo", id="unknown-algorithm"),
     pytest.param(
-        QWEN + ["trainer.parallel.context=2"], "trainer.parallel.context", id="megatron-context"
+        TINY + ["trainer.parallel.context=2"], "trainer.parallel.context", id="torch-context"
     ),
     pytest.param(
         QWEN + ["trainer.parallel.expert=3"], "trainer.parallel.expert", id="expert-divides-data"

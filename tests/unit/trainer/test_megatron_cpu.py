@@ -253,3 +253,29 @@ def test_pipeline_parallel_2_on_cpu_matches_hf():
         assert report["param_names_match"], report
         assert report["grad_error"] < 1e-4, report
         assert report["export_exact"], report
+
+
+def test_context_parallel_2_on_cpu_matches_hf():
+    """Two gloo processes, CP=2 (tied embeddings, a batch padded from 9 to 12 tokens): both
+    ranks get HF's response log-probs and entropies for the whole sequence, and gradients
+    averaged over the CP ranks (as Megatron's DDP does) are HF's."""
+    import multiprocessing
+
+    from megatron_cp_peer import run_cp_rank
+
+    context = multiprocessing.get_context("spawn")
+    results = context.Queue()
+    port = free_loopback_port()
+    peers = [context.Process(target=run_cp_rank, args=(r, 2, port, results)) for r in (0, 1)]
+    for peer in peers:
+        peer.start()
+    reports = sorted((results.get(timeout=180) for _ in peers), key=lambda r: r["rank"])
+    for peer in peers:
+        peer.join(timeout=30)
+        assert peer.exitcode == 0
+    for report in reports:
+        assert report["cp"] == (2, report["rank"]), report
+        assert report["local_logits"] == (3, 6, 128), report  # half of the 12 padded tokens
+        assert report["logprob_error"] < LOGIT_ATOL, report
+        assert report["entropy_error"] < LOGIT_ATOL, report
+        assert report["grad_error"] < 1e-4, report

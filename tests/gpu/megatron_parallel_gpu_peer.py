@@ -1,6 +1,7 @@
-"""One stage of a 2-GPU pipeline-parallel run (NCCL) through Megatron's 1F1B schedule,
-spawned by test_megatron_backend.py: forward-only log-probs against Hugging Face, then
-training steps through ``forward_backward`` with the metrics broadcast to both stages."""
+"""One rank of a 2-GPU pipeline- or context-parallel run (NCCL), spawned by
+test_megatron_backend.py: forward-only log-probs against Hugging Face, then training steps
+through ``forward_backward`` (Megatron's 1F1B schedule under PP, with the metrics broadcast
+to both stages)."""
 
 from __future__ import annotations
 
@@ -26,7 +27,7 @@ def hf_logprobs(hf, batch, device) -> torch.Tensor:
     return response_logprobs(logits, input_ids, batch, False)[0].cpu()
 
 
-def run_pp_gpu_rank(rank: int, world_size: int, port: int, results) -> None:
+def run_parallel_gpu_rank(rank: int, world_size: int, port: int, results, parallel: dict) -> None:
     warnings.simplefilter("ignore")
     from relax_hpc.trainer.megatron_backend import OptimizerSettings, megatron_model_from_hf
     from relax_hpc.trainer.megatron_model import MegatronSettings, initialize_model_parallel
@@ -37,7 +38,7 @@ def run_pp_gpu_rank(rank: int, world_size: int, port: int, results) -> None:
         "nccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size
     )
     try:
-        settings = MegatronSettings(pipeline=world_size, dtype=torch.float32)
+        settings = MegatronSettings(dtype=torch.float32, **parallel)
         initialize_model_parallel(settings)
         hf = tiny_qwen3(False).to(device)
         # a small token budget: several micro-batches of different shapes per schedule
