@@ -29,6 +29,8 @@ def test_the_shipped_experiments_are_there():
         "grpo_qwen3_colocate",
         "grpo_qwen3_vl",
         "grpo_qwen3_omni",
+        "grpo_qwen3_moe",
+        "grpo_qwen3_small",
     }
     assert expected <= set(EXPERIMENTS)
 
