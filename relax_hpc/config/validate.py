@@ -220,11 +220,13 @@ def _check_megatron(cfg: RunConfig) -> None:
     if cfg.trainer.backend != "megatron":
         return
     # The same test as relax_hpc.algo.resolve(...).needs_critic, without importing the losses.
-    if cfg.algo.with_algorithm_defaults().advantage_estimator == "gae":
+    needs_critic = cfg.algo.with_algorithm_defaults().advantage_estimator == "gae"
+    if needs_critic and cfg.trainer.parallel.pipeline > 1:
         raise ConfigError(
-            "trainer.backend",
-            f"algo {cfg.algo.name!r} needs a critic (GAE), which the megatron backend does not "
-            "have yet; use trainer.backend=torch or a critic-free algo such as grpo",
+            "trainer.parallel.pipeline",
+            f"algo {cfg.algo.name!r} trains a critic, which the megatron backend runs without "
+            "pipeline parallelism; set trainer.parallel.pipeline=1 (tensor, context, expert "
+            "and data parallelism work) or use a critic-free algo such as grpo",
         )
 
 

@@ -82,10 +82,8 @@ def build_networks(cfg: RunConfig, device: torch.device, world_size: int):
         if spec.needs_reference
         else None
     )
-    critic_net = (
-        ValueHead(_from_path_or_copy(cfg, cfg.model.critic_path, policy_net, tokenizer, dtype)).to(
-            dtype
-        )
+    critic_body = (  # the causal LM whose body the critic starts from
+        _from_path_or_copy(cfg, cfg.model.critic_path, policy_net, tokenizer, dtype)
         if spec.needs_critic
         else None
     )
@@ -95,10 +93,14 @@ def build_networks(cfg: RunConfig, device: torch.device, world_size: int):
     if cfg.trainer.backend == "megatron":
         from relax_hpc.trainer.megatron_backend import megatron_networks
 
-        if critic_net is not None:
-            raise ValueError("trainer.backend: megatron has no critic yet; use backend=torch")
-        hf_networks = {"policy": policy_net, "reference": reference_net, "teacher": teacher_net}
+        hf_networks = {
+            "policy": policy_net,
+            "reference": reference_net,
+            "teacher": teacher_net,
+            "critic": critic_body,
+        }
         return spec, tokenizer, megatron_networks(cfg.trainer, device, dtype, hf_networks)
+    critic_net = ValueHead(critic_body).to(dtype) if critic_body is not None else None
     if world_size > 1:
         policy_net = shard_with_fsdp2(policy_net)
         critic_net = shard_with_fsdp2(critic_net) if critic_net is not None else None
@@ -188,7 +190,10 @@ def run_trainer(cfg: RunConfig, paths: RunPaths, identity: TaskIdentity) -> int:
         publish_weights=publish_weights,
         store=store,
         checkpoint_state=lambda: _checkpoint_state(
-            nets, trainer.progress, reader, policy_to_save(cfg, nets, paths, trainer.progress.step)
+            nets,
+            trainer.progress,
+            reader,
+            megatron_entries_to_save(cfg, nets, paths, trainer.progress.step),
         ),
         stop=stop,
         metrics=metrics,
@@ -236,36 +241,43 @@ def data_parallel_layout(cfg: RunConfig, identity: TaskIdentity) -> tuple[int, i
     return megatron_layout()
 
 
-def policy_to_save(cfg: RunConfig, nets: Networks, paths: RunPaths, step: int):
-    """The policy's checkpoint entry for megatron (``MegatronPolicyState``); None for torch."""
+def megatron_entries_to_save(cfg: RunConfig, nets: Networks, paths: RunPaths, step: int):
+    """The checkpoint entries Megatron writes itself (``MegatronModelState``: the policy and
+    the critic); None for torch."""
     if cfg.trainer.backend != "megatron":
         return None
-    from relax_hpc.trainer.megatron_wiring import MegatronPolicyState
+    from relax_hpc.trainer.megatron_wiring import MegatronModelState
 
-    return MegatronPolicyState.for_save(nets.policy, paths, step)
-
-
-def policy_to_load(cfg: RunConfig, nets: Networks, checkpoint_path: Path):
-    if cfg.trainer.backend != "megatron":
-        return None
-    from relax_hpc.trainer.megatron_wiring import MegatronPolicyState
-
-    return MegatronPolicyState.for_load(nets.policy, checkpoint_path)
-
-
-def _checkpoint_state(nets: Networks, progress, reader, megatron_policy=None) -> dict:
-    """Stateful entries of a checkpoint; ``megatron_policy`` from ``policy_to_save/_load``."""
-    state = {
-        "policy": ModelAndOptimizer(nets.policy.network, nets.policy.optimizer)
-        if megatron_policy is None
-        else megatron_policy,
-        "progress": OpaqueState(progress),
-        "rng": OpaqueState(RngState()),
+    return {
+        role: MegatronModelState.for_save(model, paths, step, role)
+        for role, model in (("policy", nets.policy), ("critic", nets.critic))
+        if model is not None
     }
-    if megatron_policy is None:  # Megatron's own checkpoint holds its scheduler
+
+
+def megatron_entries_to_load(cfg: RunConfig, nets: Networks, checkpoint_path: Path):
+    if cfg.trainer.backend != "megatron":
+        return None
+    from relax_hpc.trainer.megatron_wiring import MegatronModelState
+
+    return {
+        role: MegatronModelState.for_load(model, checkpoint_path, role)
+        for role, model in (("policy", nets.policy), ("critic", nets.critic))
+        if model is not None
+    }
+
+
+def _checkpoint_state(nets: Networks, progress, reader, megatron_entries=None) -> dict:
+    """Stateful entries of a checkpoint; ``megatron_entries`` from ``megatron_entries_to_*``
+    (Megatron's own checkpoints hold their optimisers and schedulers)."""
+    state = {"progress": OpaqueState(progress), "rng": OpaqueState(RngState())}
+    if megatron_entries is not None:
+        state.update(megatron_entries)
+    else:
+        state["policy"] = ModelAndOptimizer(nets.policy.network, nets.policy.optimizer)
         state["scheduler"] = OpaqueState(nets.policy.scheduler)
-    if nets.critic is not None:
-        state["critic"] = ModelAndOptimizer(nets.critic.network, nets.critic.optimizer)
+        if nets.critic is not None:
+            state["critic"] = ModelAndOptimizer(nets.critic.network, nets.critic.optimizer)
     if reader is not None:
         state["spool"] = OpaqueState(reader)
     return state
@@ -281,8 +293,8 @@ def _resume_or_publish_initial(cfg, paths, store, trainer, nets, reader, publish
     if info is None:
         log.info("trainer: starting from the initial policy (version 0)")
     else:
-        megatron_policy = policy_to_load(cfg, nets, info.path)
-        store.load(info, _checkpoint_state(nets, trainer.progress, reader, megatron_policy))
+        megatron_entries = megatron_entries_to_load(cfg, nets, info.path)
+        store.load(info, _checkpoint_state(nets, trainer.progress, reader, megatron_entries))
         log.info("trainer: resumed from %s (step %d)", info.path, info.step)
     publish_weights(trainer.progress.policy_version)
 

@@ -17,6 +17,7 @@ alone keeps padding out of every real token's logits.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,6 +37,7 @@ from relax_hpc.trainer.batch import (
     token_budget_chunks,
 )
 from relax_hpc.trainer.megatron_cp import gather_from_cp, split_for_cp
+from relax_hpc.trainer.megatron_critic import build_value_network
 from relax_hpc.trainer.megatron_model import (
     MegatronSettings,
     build_gpt_model,
@@ -196,14 +198,21 @@ class MegatronModel:
         length = input_ids_BL.shape[1]
         if cp_size == 1:
             return response_logprobs(logits_BSV[:, :length], input_ids_BL, micro, with_entropy)
-        from megatron.core import parallel_state
 
         padded = logits_BSV.shape[1] * cp_size
         next_BL = F.pad(torch.roll(input_ids_BL, shifts=-1, dims=1), (0, padded - length))
         local = per_token(logits_BSV, split_for_cp(next_BL, cp_size, cp_rank), with_entropy)
-        group = parallel_state.get_context_parallel_group()
-        full = [None if t is None else gather_from_cp(t, group)[:, :length] for t in local]
+        full = [None if t is None else self._whole_sequence(t, length) for t in local]
         return responses(full[0], full[1], micro)
+
+    def _whole_sequence(self, local_BS: Tensor, length: int) -> Tensor:
+        """``[B, length]`` from this rank's per-token values (gathered over CP ranks)."""
+        cp_size, _ = self._cp()
+        if cp_size > 1:
+            from megatron.core import parallel_state
+
+            local_BS = gather_from_cp(local_BS, parallel_state.get_context_parallel_group())
+        return local_BS[:, :length]
 
     def token_logprobs(
         self, micro: TrainBatch, temperature: float, with_entropy: bool
@@ -221,7 +230,17 @@ class MegatronModel:
         return self._pipeline(micros, temperature, loss_fn, forward_only=False)
 
     def token_values(self, micro: TrainBatch) -> Tensor:
-        raise ValueError("the megatron backend has no critic; use trainer.backend=torch")
+        """``[B, T]`` values of the response tokens (a ``ValueNetwork`` critic)."""
+        input_ids = micro.input_ids_BL.to(self.device)
+        values_BS = self._forward(self.network, input_ids).float()
+        values_BL = self._whole_sequence(values_BS, input_ids.shape[1])
+        return gather_response(values_BL, micro.prompt_len_B, micro.response_mask_BT.shape[1])
+
+    @torch.no_grad()
+    def values(self, batch: TrainBatch) -> Tensor:
+        width = batch.response_mask_BT.shape[1]
+        parts = [self.token_values(m).cpu() for m in self.micro_batches(batch)]
+        return torch.cat([F.pad(p, (0, width - p.shape[1])) for p in parts], dim=0)
 
     @torch.no_grad()
     def logprobs(self, batch: TrainBatch, temperature: float) -> Tensor:
@@ -444,26 +463,29 @@ def megatron_model_from_hf(
     device: torch.device,
     micro_batch_tokens: int,
     optim: OptimizerSettings | None,
+    critic: bool = False,
 ) -> MegatronModel:
-    """A ``MegatronModel`` with ``hf_model``'s weights; trainable when ``optim`` is given.
+    """A ``MegatronModel`` with ``hf_model``'s weights; trainable when ``optim`` is given;
+    ``critic``: a ``ValueNetwork`` on ``hf_model``'s body instead of the causal LM.
 
     Megatron's parallel state must be initialised (``initialize_model_parallel``).
     """
     config = hf_model.config
-    spec_name = layer_spec_name(settings)
-    model = build_gpt_model(config, settings)
-    load_hf_state(
-        model, hf_model.state_dict(), mapping.Qwen3Shape.from_hf_config(config), spec_name
-    )
+    if critic:
+        model, spec_name = build_value_network(hf_model, settings)
+    else:
+        spec_name = layer_spec_name(settings)
+        model = build_gpt_model(config, settings)
+        shape = mapping.Qwen3Shape.from_hf_config(config)
+        load_hf_state(model, hf_model.state_dict(), shape, spec_name)
     model = model.to(device)
     if optim is None:
         model.eval().requires_grad_(False)
         return MegatronModel(model, config, spec_name, device, micro_batch_tokens)
     model.train()
-    if settings.on_cpu and (settings.tensor, settings.pipeline, settings.expert) != (1, 1, 1):
-        raise ValueError(
-            "trainer.parallel: CPU training runs one process; set tensor, pipeline, expert to 1"
-        )
+    sizes = (settings.tensor, settings.pipeline, settings.context, settings.expert)
+    if settings.on_cpu and sizes != (1, 1, 1, 1):
+        raise ValueError("trainer.parallel: CPU training runs one process; set every size to 1")
     wrap = cpu_training_wrappers(model, optim) if settings.on_cpu else None
     network, optimizer, scheduler = wrap or megatron_training_wrappers(model, settings, optim)
     return MegatronModel(
@@ -484,7 +506,8 @@ def megatron_networks(
     dtype: torch.dtype,
     hf_networks: Mapping[str, torch.nn.Module | None],
 ) -> Networks:
-    """``Networks`` of Megatron models from HF ones (``policy``, ``reference``, ``teacher``).
+    """``Networks`` of Megatron models from HF ones (``policy``, ``reference``, ``teacher``,
+    ``critic``: the HF causal LM whose body the value network starts from).
 
     ``trainer`` is the ``TrainerConfig``; Megatron's parallel state is initialised once.
     """
@@ -509,17 +532,20 @@ def megatron_networks(
         grad_clip=trainer.grad_clip,
     )
 
+    # The critic's optimiser is the torch backend's: its own lr, no weight decay.
+    critic_optim = dataclasses.replace(optim, lr=trainer.critic_lr, weight_decay=0.0)
+
     def convert(role: str, optimizer: OptimizerSettings | None) -> MegatronModel | None:
         network = hf_networks.get(role)
         if network is None:
             return None
         return megatron_model_from_hf(
-            network, settings, device, trainer.micro_batch_tokens, optimizer
+            network, settings, device, trainer.micro_batch_tokens, optimizer, role == "critic"
         )
 
     return Networks(
         policy=convert("policy", optim),
         reference=convert("reference", None),
         teacher=convert("teacher", None),
-        critic=None,
+        critic=convert("critic", critic_optim),
     )

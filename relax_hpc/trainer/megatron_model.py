@@ -35,6 +35,9 @@ class MegatronSettings:
     dtype: torch.dtype = torch.bfloat16
     recompute_layers: bool = False  # full recompute of every layer's activations
     on_cpu: bool = False
+    # With Transformer Engine and TP > 1 the activations between layers are split over the
+    # sequence; the critic turns it off, its value head needs the whole sequence.
+    sequence_parallel: bool = True
 
     def check_model(self, shape: mapping.Qwen3Shape) -> None:
         """EP needs a MoE model whose experts it divides; PP evenly divided layers."""
@@ -101,7 +104,9 @@ def transformer_config(hf_config: Any, settings: MegatronSettings):
         variable_seq_lengths=settings.pipeline > 1,
         batch_p2p_sync=on_gpu,
         # Saves activation memory under TP, but the local spec's torch norms refuse it.
-        sequence_parallel=settings.tensor > 1 and layer_spec_name(settings) == "te",
+        sequence_parallel=settings.sequence_parallel
+        and settings.tensor > 1
+        and layer_spec_name(settings) == "te",
         params_dtype=settings.dtype,
         bf16=settings.dtype == torch.bfloat16,
         use_cpu_initialization=settings.on_cpu,
@@ -251,8 +256,9 @@ def _device_local_rotary_class() -> type:
     return DeviceLocalRotaryEmbedding
 
 
-def build_gpt_model(hf_config: Any, settings: MegatronSettings):
-    """The Qwen3 ``GPTModel`` (this rank's TP shard and PP stage), freshly initialised."""
+def build_gpt_model(hf_config: Any, settings: MegatronSettings, body_only: bool = False):
+    """The Qwen3 ``GPTModel`` (this rank's TP shard and PP stage), freshly initialised;
+    ``body_only``: without final norm and output layer (it returns hidden states)."""
     from megatron.core import parallel_state
     from megatron.core.models.gpt import GPTModel
 
@@ -263,12 +269,12 @@ def build_gpt_model(hf_config: Any, settings: MegatronSettings):
         transformer_layer_spec=layer_spec(shape, layer_spec_name(settings)),
         vocab_size=shape.vocab_size,
         max_sequence_length=hf_config.max_position_embeddings,
-        share_embeddings_and_output_weights=shape.tie_word_embeddings,
+        share_embeddings_and_output_weights=shape.tie_word_embeddings and not body_only,
         position_embedding_type="rope",
         rotary_base=int(hf_config.rope_theta),
         parallel_output=False,  # full-vocabulary logits: log_softmax needs every token
         pre_process=parallel_state.is_pipeline_first_stage(),
-        post_process=parallel_state.is_pipeline_last_stage(),
+        post_process=parallel_state.is_pipeline_last_stage() and not body_only,
     )
     if settings.on_cpu:
         model.rotary_pos_emb.__class__ = _device_local_rotary_class()
@@ -282,6 +288,13 @@ def load_hf_state(
     spec_name: mapping.LayerSpec,
 ) -> None:
     """Copy full HF tensors into this rank's TP shard of ``model`` (any wrapper removed)."""
+    load_weights_checked(model, rank_shard(hf_state, shape, spec_name))
+
+
+def rank_shard(
+    hf_state: Mapping[str, Tensor], shape: mapping.Qwen3Shape, spec_name: mapping.LayerSpec
+) -> dict[str, Tensor]:
+    """The Megatron-named tensors this rank holds: its experts, its stage, its TP shard."""
     from megatron.core import parallel_state
 
     full = mapping.hf_to_megatron(hf_state, shape, spec_name, grouped_experts=spec_name == "te")
@@ -293,12 +306,11 @@ def load_hf_state(
     if pp_size > 1:
         pp_rank = parallel_state.get_pipeline_model_parallel_rank()
         full = mapping.select_stage(full, shape, pp_size, pp_rank)
-    shard = mapping.shard_state_dict(
+    return mapping.shard_state_dict(
         full,
         parallel_state.get_tensor_model_parallel_world_size(),
         parallel_state.get_tensor_model_parallel_rank(),
     )
-    load_weights_checked(model, shard)
 
 
 def load_weights_checked(model: torch.nn.Module, state: Mapping[str, Any]) -> None:

@@ -15,6 +15,7 @@ from relax_hpc.paths import RunPaths
 from relax_hpc.trainer.megatron_backend import MegatronModel
 
 MEGATRON_SUBDIR = "megatron"  # the policy's Megatron checkpoint inside a step folder
+SUBDIRS = {"policy": MEGATRON_SUBDIR, "critic": "megatron_critic"}
 
 
 def data_parallel_layout() -> tuple[int, int]:
@@ -31,13 +32,15 @@ def data_parallel_layout() -> tuple[int, int]:
     )
 
 
-class MegatronPolicyState:
-    """``Stateful`` "policy" entry of a ``CheckpointStore`` checkpoint for a ``MegatronModel``.
+class MegatronModelState:
+    """``Stateful`` "policy" (or "critic") entry of a ``CheckpointStore`` checkpoint for a
+    ``MegatronModel``.
 
     Why not a DCP state dict of the model: Megatron's sharded state (``ShardedTensor`` and
     ``ShardedObject``, the distributed optimizer's flat buffers) is written by Megatron's own
     planner (``dist_checkpointing``), not by a plain ``dcp.save``. So the model saves itself
-    into ``<step folder>/megatron/`` and DCP keeps only that folder's name.
+    into ``<step folder>/megatron/`` (the critic: ``megatron_critic/``) and DCP keeps only
+    that folder's name.
 
     Why checkpoints stay complete-or-absent with the store unchanged: DCP calls
     ``state_dict()`` inside ``CheckpointStore.save``, after rank 0 created
@@ -51,32 +54,36 @@ class MegatronPolicyState:
     """
 
     def __init__(
-        self, policy: MegatronModel, save_dir: Path | None = None, load_dir: Path | None = None
+        self, model: MegatronModel, save_dir: Path | None = None, load_dir: Path | None = None
     ) -> None:
         assert (save_dir is None) != (load_dir is None)
-        self.policy = policy
+        self.model = model
         self.save_dir = save_dir
         self.load_dir = load_dir
 
     @classmethod
-    def for_save(cls, policy: MegatronModel, paths: RunPaths, step: int) -> MegatronPolicyState:
+    def for_save(
+        cls, model: MegatronModel, paths: RunPaths, step: int, role: str = "policy"
+    ) -> MegatronModelState:
         final = paths.checkpoint_dir(step)
         # The folder CheckpointStore.save writes step ``step`` into before marking it complete.
         partial = final.with_name(final.name + PARTIAL_SUFFIX)
-        return cls(policy, save_dir=partial / MEGATRON_SUBDIR)
+        return cls(model, save_dir=partial / SUBDIRS[role])
 
     @classmethod
-    def for_load(cls, policy: MegatronModel, checkpoint_path: Path) -> MegatronPolicyState:
-        return cls(policy, load_dir=checkpoint_path / MEGATRON_SUBDIR)
+    def for_load(
+        cls, model: MegatronModel, checkpoint_path: Path, role: str = "policy"
+    ) -> MegatronModelState:
+        return cls(model, load_dir=checkpoint_path / SUBDIRS[role])
 
     def state_dict(self) -> dict[str, Any]:
         if self.save_dir is not None:
-            self.policy.save_checkpoint(self.save_dir)
-        return {"subdir": MEGATRON_SUBDIR}
+            self.model.save_checkpoint(self.save_dir)
+        return {"subdir": (self.save_dir or self.load_dir).name}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         assert self.load_dir is not None and state["subdir"] == self.load_dir.name
-        self.policy.load_checkpoint(self.load_dir)
+        self.model.load_checkpoint(self.load_dir)
 
 
 def export_policy(policy: MegatronModel, tokenizer: Any, export_dir: Path, leader: bool) -> None:

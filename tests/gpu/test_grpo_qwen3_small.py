@@ -54,13 +54,15 @@ def model_dir(tmp_path_factory) -> Path:
     return folder
 
 
-def test_two_grpo_steps_with_megatron_and_sglang(tmp_path, model_dir):
+@pytest.mark.parametrize("algo", ["grpo", "ppo"])  # ppo: the Megatron critic too
+def test_two_steps_with_megatron_and_sglang(tmp_path, model_dir, algo):
     run_dir = tmp_path / "run"
     command = [
         sys.executable,
         "-m",
         "relax_hpc.submit",
         "+experiment=grpo_qwen3_small",
+        f"algo={algo}",
         "cluster=local",
         f"run_dir={run_dir}",
         f"model.path={model_dir}",
@@ -80,6 +82,7 @@ def test_two_grpo_steps_with_megatron_and_sglang(tmp_path, model_dir):
     done = read_json(paths.trainer_done)
     assert done["step"] == STEPS
     assert (paths.checkpoint_dir(STEPS) / "megatron").is_dir()
+    assert (paths.checkpoint_dir(STEPS) / "megatron_critic").is_dir() is (algo == "ppo")
     rollout_log = paths.task_log("rollout", 0).read_text()
     assert f"policy_version {STEPS - 1}" in rollout_log  # served the trainer's weights
     from transformers import AutoModelForCausalLM

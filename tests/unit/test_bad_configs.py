@@ -64,7 +64,11 @@ BAD_CONFIGS = [
     pytest.param(
         QWEN + ["trainer.parallel.expert=3"], "trainer.parallel.expert", id="expert-divides-data"
     ),
-    pytest.param(QWEN + ["algo=ppo"], "trainer.backend", id="megatron-critic"),
+    pytest.param(
+        QWEN + ["algo=ppo", "trainer.parallel.pipeline=2"],
+        "trainer.parallel.pipeline",
+        id="megatron-critic-with-pipeline",
+    ),
     pytest.param(
         TINY + ["weightsync.transport=sglang_distributed"],
         "weightsync.transport",

@@ -279,3 +279,38 @@ def test_context_parallel_2_on_cpu_matches_hf():
         assert report["logprob_error"] < LOGIT_ATOL, report
         assert report["entropy_error"] < LOGIT_ATOL, report
         assert report["grad_error"] < 1e-4, report
+
+
+def test_critic_values_and_gradients_equal_the_torch_value_head(megatron_world):
+    """The Megatron critic (GPTModel body, HF final norm, scalar head) against the torch
+    backend's ``ValueHead`` on the same HF model, with the same (non-zero) head."""
+    from relax_hpc.trainer.megatron_backend import megatron_model_from_hf
+    from relax_hpc.trainer.torch_backend import ValueHead
+
+    hf = tiny_qwen3(True)
+    reference = TorchModel(ValueHead(copy.deepcopy(hf)), device=CPU, micro_batch_tokens=64)
+    critic = megatron_model_from_hf(
+        hf, megatron_world, CPU, micro_batch_tokens=64, optim=None, critic=True
+    )
+    critic.gpt_model.requires_grad_(True)
+    reference.network.requires_grad_(True)
+    with torch.no_grad():
+        head = torch.randn(1, hf.config.hidden_size, generator=torch.Generator().manual_seed(3))
+        for network in (critic.gpt_model, reference.network):
+            network.head.weight.copy_(head)
+            network.head.bias.fill_(0.25)
+    micro = right_padded_batch([4, 6, 3], [5, 3, 6], hf.config.vocab_size)
+    values = critic.token_values(micro)
+    expected = reference.token_values(micro)
+    mask = micro.response_mask_BT > 0
+    torch.testing.assert_close(values[mask], expected[mask], atol=LOGIT_ATOL, rtol=0)
+    (values * micro.response_mask_BT).sum().backward()
+    (expected * micro.response_mask_BT).sum().backward()
+    body = {n: p.grad for n, p in reference.network.body.named_parameters() if p.grad is not None}
+    expected_grads = mapping.hf_to_megatron(body, critic.shape, critic.spec_name)
+    for name, param in critic.gpt_model.body.named_parameters():
+        torch.testing.assert_close(param.grad, expected_grads[name], atol=1e-4, rtol=0)
+    torch.testing.assert_close(
+        critic.gpt_model.final_norm.weight.grad, body["model.norm.weight"], atol=1e-4, rtol=0
+    )
+    assert torch.equal(critic.values(micro)[mask], values.detach()[mask])

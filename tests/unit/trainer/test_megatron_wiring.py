@@ -1,7 +1,7 @@
 """The megatron branch of the trainer wiring (relax_hpc/trainer/main.py) on CPU, one gloo process.
 
 Checkpoints go through the functions ``run_trainer`` uses (``_checkpoint_state`` with
-``policy_to_save``/``policy_to_load``, ``CheckpointStore``). On CPU ``MegatronModel`` saves a
+``megatron_entries_to_save``/``_load``, ``CheckpointStore``). On CPU ``MegatronModel`` saves a
 plain DCP checkpoint in its subfolder; Megatron's torch_dist format needs CUDA (tests/gpu).
 """
 
@@ -25,46 +25,68 @@ CFG = RunConfig(name="wiring", trainer=TrainerConfig(backend="megatron"))
 
 
 def megatron_nets(settings, seed: int = 0) -> Networks:
+    """A trainable policy and critic (the critic's body from another HF model)."""
     from relax_hpc.trainer.megatron_backend import OptimizerSettings, megatron_model_from_hf
 
     optim = OptimizerSettings(lr=1e-2, warmup_steps=2)
     policy = megatron_model_from_hf(tiny_qwen3(False, seed), settings, CPU, 64, optim)
-    return Networks(policy=policy)
+    critic_body = tiny_qwen3(False, seed + 10)
+    critic = megatron_model_from_hf(critic_body, settings, CPU, 64, optim, critic=True)
+    return Networks(policy=policy, critic=critic)
+
+
+def critic_values(nets: Networks, input_ids_BL: torch.Tensor) -> torch.Tensor:
+    return nets.critic._forward(nets.critic.network, input_ids_BL)
 
 
 def train_one_step(nets: Networks, input_ids_BL: torch.Tensor) -> None:
     nets.policy.zero_grad()
     nets.policy.logits(input_ids_BL).logsumexp(-1).mean().backward()
     nets.policy.optimizer_step()
+    nets.critic.zero_grad()
+    (critic_values(nets, input_ids_BL) - 1.0).pow(2).mean().backward()
+    nets.critic.optimizer_step()
+
+
+def assert_same_outputs(left: Networks, right: Networks, input_ids_BL: torch.Tensor) -> None:
+    with torch.no_grad():
+        assert torch.equal(left.policy.logits(input_ids_BL), right.policy.logits(input_ids_BL))
+        assert torch.equal(critic_values(left, input_ids_BL), critic_values(right, input_ids_BL))
 
 
 def test_checkpoint_round_trip_through_the_store(megatron_world, tmp_path):
-    from relax_hpc.trainer.main import _checkpoint_state, policy_to_load, policy_to_save
+    from relax_hpc.trainer.main import (
+        _checkpoint_state,
+        megatron_entries_to_load,
+        megatron_entries_to_save,
+    )
 
     paths = RunPaths(tmp_path / "run")
     input_ids_BL = torch.randint(0, 128, (2, 9), generator=torch.Generator().manual_seed(0))
     nets, progress = megatron_nets(megatron_world), Progress(step=1)
     train_one_step(nets, input_ids_BL)
-    state = _checkpoint_state(nets, progress, None, policy_to_save(CFG, nets, paths, 1))
-    CheckpointStore(paths, keep=2).save(1, state)
+    assert critic_values(nets, input_ids_BL).abs().sum() > 0  # the head moved off zero
+    entries = megatron_entries_to_save(CFG, nets, paths, 1)
+    CheckpointStore(paths, keep=2).save(1, _checkpoint_state(nets, progress, None, entries))
 
     info = latest_checkpoint(paths)
     assert info is not None and info.step == 1
     assert (info.path / "megatron").is_dir()  # inside the folder marked COMPLETE
+    assert (info.path / "megatron_critic").is_dir()
     assert not list(paths.checkpoints_dir.glob("*.partial"))
 
     fresh, fresh_progress = megatron_nets(megatron_world, seed=1), Progress()
-    state = _checkpoint_state(fresh, fresh_progress, None, policy_to_load(CFG, fresh, info.path))
-    CheckpointStore(paths, keep=2).load(info, state)
+    entries = megatron_entries_to_load(CFG, fresh, info.path)
+    CheckpointStore(paths, keep=2).load(
+        info, _checkpoint_state(fresh, fresh_progress, None, entries)
+    )
     assert fresh_progress.step == 1
-    with torch.no_grad():
-        assert torch.equal(fresh.policy.logits(input_ids_BL), nets.policy.logits(input_ids_BL))
+    assert_same_outputs(fresh, nets, input_ids_BL)
     assert fresh.policy.scheduler.state_dict() == nets.policy.scheduler.state_dict()
     # Same optimizer state: one more identical step keeps the two models identical.
     train_one_step(nets, input_ids_BL)
     train_one_step(fresh, input_ids_BL)
-    with torch.no_grad():
-        assert torch.equal(fresh.policy.logits(input_ids_BL), nets.policy.logits(input_ids_BL))
+    assert_same_outputs(fresh, nets, input_ids_BL)
 
 
 def test_sync_weights_are_the_hf_models(megatron_world):
