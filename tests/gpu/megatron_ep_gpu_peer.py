@@ -5,16 +5,14 @@ test_megatron_backend.py: Megatron DDP + distributed optimizer over a tiny Qwen3
 from __future__ import annotations
 
 import sys
-import warnings
 from pathlib import Path
 
 import torch
-import torch.distributed as dist
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "unit" / "trainer"))
 
-from megatron_factories import tiny_qwen3_moe  # noqa: E402
+from megatron_factories import megatron_rank, tiny_qwen3_moe  # noqa: E402
 
 
 def next_token_loss(model, input_ids: torch.Tensor) -> torch.Tensor:
@@ -23,18 +21,13 @@ def next_token_loss(model, input_ids: torch.Tensor) -> torch.Tensor:
 
 
 def run_ep_gpu_rank(rank: int, world_size: int, port: int, results) -> None:
-    warnings.simplefilter("ignore")
     from relax_hpc.trainer.megatron_backend import OptimizerSettings, megatron_model_from_hf
-    from relax_hpc.trainer.megatron_model import MegatronSettings, initialize_model_parallel
+    from relax_hpc.trainer.megatron_model import MegatronSettings
 
     device = torch.device("cuda", rank)
     torch.cuda.set_device(device)
-    dist.init_process_group(
-        "nccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size
-    )
-    try:
-        settings = MegatronSettings(expert=world_size, dtype=torch.bfloat16)
-        initialize_model_parallel(settings)
+    settings = MegatronSettings(expert=world_size, dtype=torch.bfloat16)
+    with megatron_rank(rank, world_size, port, settings, backend="nccl"):
         hf = tiny_qwen3_moe()
         model = megatron_model_from_hf(
             hf, settings, device, micro_batch_tokens=4096, optim=OptimizerSettings(lr=1e-2)
@@ -57,8 +50,3 @@ def run_ep_gpu_rank(rank: int, world_size: int, port: int, results) -> None:
                 "export_sum": float(sum(t.double().sum() for t in exported.values())),
             }
         )
-    finally:
-        from megatron.core import parallel_state
-
-        parallel_state.destroy_model_parallel()
-        dist.destroy_process_group()

@@ -6,15 +6,13 @@ to both stages)."""
 from __future__ import annotations
 
 import sys
-import warnings
 from pathlib import Path
 
 import torch
-import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "unit" / "trainer"))
 
-from megatron_factories import tiny_qwen3  # noqa: E402
+from megatron_factories import megatron_rank, tiny_qwen3  # noqa: E402
 from test_megatron_cpu import right_padded_batch  # noqa: E402
 
 
@@ -28,18 +26,13 @@ def hf_logprobs(hf, batch, device) -> torch.Tensor:
 
 
 def run_parallel_gpu_rank(rank: int, world_size: int, port: int, results, parallel: dict) -> None:
-    warnings.simplefilter("ignore")
     from relax_hpc.trainer.megatron_backend import OptimizerSettings, megatron_model_from_hf
-    from relax_hpc.trainer.megatron_model import MegatronSettings, initialize_model_parallel
+    from relax_hpc.trainer.megatron_model import MegatronSettings
 
     device = torch.device("cuda", rank)
     torch.cuda.set_device(device)
-    dist.init_process_group(
-        "nccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size
-    )
-    try:
-        settings = MegatronSettings(dtype=torch.float32, **parallel)
-        initialize_model_parallel(settings)
+    settings = MegatronSettings(dtype=torch.float32, **parallel)
+    with megatron_rank(rank, world_size, port, settings, backend="nccl"):
         hf = tiny_qwen3(False).to(device)
         # a small token budget: several micro-batches of different shapes per schedule
         model = megatron_model_from_hf(
@@ -62,8 +55,3 @@ def run_parallel_gpu_rank(rank: int, world_size: int, port: int, results, parall
             model.optimizer_step()
             losses.append(sum(float(m["loss"]) for m in metrics))
         results.put({"rank": rank, "logprob_error": error, "micros": len(micros), "losses": losses})
-    finally:
-        from megatron.core import parallel_state
-
-        parallel_state.destroy_model_parallel()
-        dist.destroy_process_group()

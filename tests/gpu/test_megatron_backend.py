@@ -14,7 +14,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "unit" / "trainer"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from megatron_factories import tiny_qwen3  # noqa: E402
+from megatron_factories import run_ranks, tiny_qwen3  # noqa: E402
 
 pytestmark = [
     pytest.mark.gpu,
@@ -138,23 +138,10 @@ def test_gathered_hf_export_loads_with_transformers(megatron_gpu, tmp_path):
 def test_expert_parallel_training_on_two_gpus():
     """EP=2 with Megatron DDP and the distributed optimizer (a separate process per GPU):
     the loss falls on both ranks and both gather the same full HF export."""
-    import multiprocessing
-
     pytest.importorskip("megatron.core")
     from megatron_ep_gpu_peer import run_ep_gpu_rank
 
-    context = multiprocessing.get_context("spawn")
-    results = context.Queue()
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    peers = [context.Process(target=run_ep_gpu_rank, args=(r, 2, port, results)) for r in (0, 1)]
-    for peer in peers:
-        peer.start()
-    reports = sorted((results.get(timeout=600) for _ in peers), key=lambda r: r["rank"])
-    for peer in peers:
-        peer.join(timeout=60)
-        assert peer.exitcode == 0
+    reports = run_ranks(run_ep_gpu_rank, timeout_s=600)
     for report in reports:
         assert report["names_match"], report
         assert report["losses"][-1] < report["losses"][0], report
@@ -169,26 +156,10 @@ def test_pipeline_or_context_parallel_on_two_gpus(parallel):
     """PP=2 through Megatron's 1F1B schedule, or CP=2 (Transformer Engine's attention when
     installed): forward-only log-probs equal HF's on both ranks, and training steps lower
     the loss, whose metrics both ranks receive."""
-    import multiprocessing
-
     pytest.importorskip("megatron.core")
     from megatron_parallel_gpu_peer import run_parallel_gpu_rank
 
-    context = multiprocessing.get_context("spawn")
-    results = context.Queue()
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    peers = [
-        context.Process(target=run_parallel_gpu_rank, args=(r, 2, port, results, parallel))
-        for r in (0, 1)
-    ]
-    for peer in peers:
-        peer.start()
-    reports = sorted((results.get(timeout=600) for _ in peers), key=lambda r: r["rank"])
-    for peer in peers:
-        peer.join(timeout=60)
-        assert peer.exitcode == 0
+    reports = run_ranks(run_parallel_gpu_rank, parallel, timeout_s=600)
     for report in reports:
         assert report["logprob_error"] < 1e-3, report
         assert report["micros"] > 1, report

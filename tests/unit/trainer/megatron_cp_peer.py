@@ -7,11 +7,9 @@ stand-in: ``torch.cuda.current_device`` answers "cpu".
 
 from __future__ import annotations
 
-import warnings
-
 import torch
 import torch.distributed as dist
-from megatron_factories import tiny_qwen3
+from megatron_factories import megatron_rank, tiny_qwen3
 from test_megatron_cpu import right_padded_batch
 
 CPU = torch.device("cpu")
@@ -31,19 +29,12 @@ def objective(logprobs, entropy, micro):
 
 def run_cp_rank(rank: int, world_size: int, port: int, results) -> None:
     """Response log-probs and entropies on both ranks, and CP-averaged gradients, vs HF."""
-    warnings.simplefilter("ignore")
-    torch.set_num_threads(1)
-    torch.cuda.current_device = lambda: "cpu"
     from relax_hpc.trainer import megatron_mapping as mapping
     from relax_hpc.trainer.megatron_backend import megatron_model_from_hf
-    from relax_hpc.trainer.megatron_model import MegatronSettings, initialize_model_parallel
+    from relax_hpc.trainer.megatron_model import MegatronSettings
 
-    dist.init_process_group(
-        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size
-    )
-    try:
-        settings = MegatronSettings(context=world_size, dtype=torch.float32, on_cpu=True)
-        initialize_model_parallel(settings)
+    settings = MegatronSettings(context=world_size, dtype=torch.float32, on_cpu=True)
+    with megatron_rank(rank, world_size, port, settings):
         hf = tiny_qwen3(True)
         model = megatron_model_from_hf(hf, settings, CPU, micro_batch_tokens=64, optim=None)
         model.gpt_model.requires_grad_(True)
@@ -71,8 +62,3 @@ def run_cp_rank(rank: int, world_size: int, port: int, results) -> None:
                 "grad_error": grad_error,
             }
         )
-    finally:
-        from megatron.core import parallel_state
-
-        parallel_state.destroy_model_parallel()
-        dist.destroy_process_group()

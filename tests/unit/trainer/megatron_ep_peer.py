@@ -9,11 +9,8 @@ torch fallback runs).
 
 from __future__ import annotations
 
-import warnings
-
 import torch
-import torch.distributed as dist
-from megatron_factories import tiny_qwen3_moe
+from megatron_factories import megatron_rank, tiny_qwen3_moe
 
 CPU = torch.device("cpu")
 
@@ -44,21 +41,14 @@ def expected_grads(hf, shape, spec_name, rank: int, weights: torch.Tensor) -> di
 
 def run_ep_rank(rank: int, world_size: int, port: int, results) -> None:
     """Logits, gradients, gathered HF weights and micro-batch lockstep of this rank."""
-    warnings.simplefilter("ignore")
-    torch.set_num_threads(1)
-    torch.cuda.current_device = lambda: "cpu"
     from megatron.core.transformer.moe import moe_utils
 
     moe_utils.te_general_gemm = None
     from relax_hpc.trainer.megatron_backend import megatron_model_from_hf
-    from relax_hpc.trainer.megatron_model import MegatronSettings, initialize_model_parallel
+    from relax_hpc.trainer.megatron_model import MegatronSettings
 
-    dist.init_process_group(
-        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size
-    )
-    try:
-        settings = MegatronSettings(expert=world_size, dtype=torch.float32, on_cpu=True)
-        initialize_model_parallel(settings)
+    settings = MegatronSettings(expert=world_size, dtype=torch.float32, on_cpu=True)
+    with megatron_rank(rank, world_size, port, settings):
         hf = tiny_qwen3_moe()
         model = megatron_model_from_hf(hf, settings, CPU, micro_batch_tokens=64, optim=None)
         model.gpt_model.requires_grad_(True)
@@ -86,11 +76,6 @@ def run_ep_rank(rank: int, world_size: int, port: int, results) -> None:
                 "lockstep": model._lockstep_count(1 + 2 * rank),
             }
         )
-    finally:
-        from megatron.core import parallel_state
-
-        parallel_state.destroy_model_parallel()
-        dist.destroy_process_group()
 
 
 def mapping_expert(name: str) -> int | None:

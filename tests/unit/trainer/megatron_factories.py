@@ -1,8 +1,11 @@
-"""Tiny random Qwen3 / Qwen3-MoE models shared by the Megatron tests."""
+"""Tiny random Qwen3 / Qwen3-MoE models and the two-process harness of the Megatron tests."""
 
 from __future__ import annotations
 
+import contextlib
+import multiprocessing
 import socket
+import warnings
 
 import torch
 from transformers import Qwen3Config, Qwen3ForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM
@@ -47,3 +50,49 @@ def free_loopback_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
+
+
+def run_ranks(target, *args, world_size: int = 2, timeout_s: float = 180) -> list[dict]:
+    """``target(rank, world_size, port, results, *args)`` in ``world_size`` spawned
+    processes; their reports (one ``results.put`` each) sorted by ``"rank"``; every process
+    must exit 0."""
+    context = multiprocessing.get_context("spawn")
+    results = context.Queue()
+    port = free_loopback_port()
+    peers = [
+        context.Process(target=target, args=(rank, world_size, port, results, *args))
+        for rank in range(world_size)
+    ]
+    for peer in peers:
+        peer.start()
+    reports = sorted((results.get(timeout=timeout_s) for _ in peers), key=lambda r: r["rank"])
+    for peer in peers:
+        peer.join(timeout=60)
+        assert peer.exitcode == 0, f"rank exited with {peer.exitcode}"
+    return reports
+
+
+@contextlib.contextmanager
+def megatron_rank(rank: int, world_size: int, port: int, settings, backend: str = "gloo"):
+    """This process as one rank of a Megatron run: default group and Megatron's parallel
+    state from ``settings`` (a ``MegatronSettings``), both torn down after. On CPU
+    (``gloo``) ``torch.cuda.current_device`` answers "cpu": megatron-core allocates some
+    buffers there (the one stand-in of these peers)."""
+    import torch.distributed as dist
+    from megatron.core import parallel_state
+
+    from relax_hpc.trainer.megatron_model import initialize_model_parallel
+
+    warnings.simplefilter("ignore")
+    if backend == "gloo":
+        torch.set_num_threads(1)
+        torch.cuda.current_device = lambda: "cpu"
+    dist.init_process_group(
+        backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size
+    )
+    try:
+        initialize_model_parallel(settings)
+        yield
+    finally:
+        parallel_state.destroy_model_parallel()
+        dist.destroy_process_group()

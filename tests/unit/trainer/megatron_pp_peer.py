@@ -10,11 +10,9 @@ embeddings: with tied ones Megatron copies the embedding to the last stage with 
 
 from __future__ import annotations
 
-import warnings
-
 import torch
 import torch.distributed as dist
-from megatron_factories import tiny_qwen3
+from megatron_factories import megatron_rank, tiny_qwen3
 
 CPU = torch.device("cpu")
 BATCH, LENGTH = 2, 12
@@ -31,18 +29,11 @@ def expected_stage_grads(hf, shape, spec_name, input_ids, weights, stage: int) -
 
 def run_pp_rank(rank: int, world_size: int, port: int, results) -> None:
     """This stage's logits (last) or hidden states, its gradients, and the gathered export."""
-    warnings.simplefilter("ignore")
-    torch.set_num_threads(1)
-    torch.cuda.current_device = lambda: "cpu"
     from relax_hpc.trainer.megatron_backend import megatron_model_from_hf
-    from relax_hpc.trainer.megatron_model import MegatronSettings, initialize_model_parallel
+    from relax_hpc.trainer.megatron_model import MegatronSettings
 
-    dist.init_process_group(
-        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size
-    )
-    try:
-        settings = MegatronSettings(pipeline=world_size, dtype=torch.float32, on_cpu=True)
-        initialize_model_parallel(settings)
+    settings = MegatronSettings(pipeline=world_size, dtype=torch.float32, on_cpu=True)
+    with megatron_rank(rank, world_size, port, settings):
         hf = tiny_qwen3(False)
         model = megatron_model_from_hf(hf, settings, CPU, micro_batch_tokens=64, optim=None)
         model.gpt_model.requires_grad_(True)
@@ -77,8 +68,3 @@ def run_pp_rank(rank: int, world_size: int, port: int, results) -> None:
             torch.equal(exported[n], t) for n, t in hf.state_dict().items()
         )
         results.put(report)
-    finally:
-        from megatron.core import parallel_state
-
-        parallel_state.destroy_model_parallel()
-        dist.destroy_process_group()

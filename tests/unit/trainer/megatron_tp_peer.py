@@ -6,11 +6,9 @@ CPU-only torch the peer answers "cpu" there, the only fake in this process.
 
 from __future__ import annotations
 
-import warnings
-
 import torch
 import torch.distributed as dist
-from megatron_factories import tiny_qwen3
+from megatron_factories import megatron_rank, tiny_qwen3
 
 CPU = torch.device("cpu")
 
@@ -25,19 +23,12 @@ def sum_partial_grads_over_tp(gpt_model: torch.nn.Module) -> None:
 
 def run_tp_rank(rank: int, world_size: int, port: int, results) -> None:
     """Logits, gradients and gathered HF weights of this rank against the HF model."""
-    warnings.simplefilter("ignore")
-    torch.set_num_threads(1)
-    torch.cuda.current_device = lambda: "cpu"
     from relax_hpc.trainer import megatron_mapping as mapping
     from relax_hpc.trainer.megatron_backend import megatron_model_from_hf
-    from relax_hpc.trainer.megatron_model import MegatronSettings, initialize_model_parallel
+    from relax_hpc.trainer.megatron_model import MegatronSettings
 
-    dist.init_process_group(
-        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size
-    )
-    try:
-        settings = MegatronSettings(tensor=world_size, dtype=torch.float32, on_cpu=True)
-        initialize_model_parallel(settings)
+    settings = MegatronSettings(tensor=world_size, dtype=torch.float32, on_cpu=True)
+    with megatron_rank(rank, world_size, port, settings):
         hf = tiny_qwen3(False)
         model = megatron_model_from_hf(hf, settings, CPU, micro_batch_tokens=64, optim=None)
         model.gpt_model.requires_grad_(True)
@@ -66,8 +57,3 @@ def run_tp_rank(rank: int, world_size: int, port: int, results) -> None:
                 ),
             }
         )
-    finally:
-        from megatron.core import parallel_state
-
-        parallel_state.destroy_model_parallel()
-        dist.destroy_process_group()

@@ -11,7 +11,7 @@ import copy
 import megatron.core  # noqa: F401  (the test extra installs it: missing fails, never skips)
 import pytest
 import torch
-from megatron_factories import free_loopback_port, tiny_qwen3, tiny_qwen3_moe
+from megatron_factories import run_ranks, tiny_qwen3, tiny_qwen3_moe
 
 from relax_hpc.trainer import megatron_mapping as mapping
 from relax_hpc.trainer.batch import TrainBatch
@@ -182,20 +182,9 @@ def test_gpu_scheduler_follows_the_torch_backend_schedule(warmup_steps):
 def test_tensor_parallel_2_on_cpu_matches_hf():
     """Two gloo processes, TP=2: each rank's shard (split by megatron_mapping) computes the
     HF logits and HF gradients, and the gathered HF export is exact."""
-    import multiprocessing
-
     from megatron_tp_peer import run_tp_rank
 
-    context = multiprocessing.get_context("spawn")
-    results = context.Queue()
-    port = free_loopback_port()
-    peers = [context.Process(target=run_tp_rank, args=(r, 2, port, results)) for r in (0, 1)]
-    for peer in peers:
-        peer.start()
-    reports = sorted((results.get(timeout=120) for _ in peers), key=lambda r: r["rank"])
-    for peer in peers:
-        peer.join(timeout=30)
-        assert peer.exitcode == 0
+    reports = run_ranks(run_tp_rank)
     for report in reports:
         assert report["logit_error"] < LOGIT_ATOL, report
         assert report["grad_error"] < 1e-4, report
@@ -207,20 +196,9 @@ def test_expert_parallel_2_on_cpu_matches_hf():
     each holds its 2 experts renumbered 0..1, computes the HF logits of its input, gets the
     HF gradients (experts: summed over both ranks' tokens), gathers an exact HF export, and
     both agree on the larger micro-batch count (1 vs 3 -> 3)."""
-    import multiprocessing
-
     from megatron_ep_peer import run_ep_rank
 
-    context = multiprocessing.get_context("spawn")
-    results = context.Queue()
-    port = free_loopback_port()
-    peers = [context.Process(target=run_ep_rank, args=(r, 2, port, results)) for r in (0, 1)]
-    for peer in peers:
-        peer.start()
-    reports = sorted((results.get(timeout=180) for _ in peers), key=lambda r: r["rank"])
-    for peer in peers:
-        peer.join(timeout=30)
-        assert peer.exitcode == 0
+    reports = run_ranks(run_ep_rank)
     for report in reports:
         assert report["logit_error"] < LOGIT_ATOL, report
         assert report["grad_error"] < 1e-4, report
@@ -233,20 +211,9 @@ def test_pipeline_parallel_2_on_cpu_matches_hf():
     """Two gloo processes, PP=2 (one layer per stage), driven by hand as Megatron's schedule
     does for a micro-batch: the last stage's logits are HF's, each stage's parameters are its
     own slice (layers renumbered) with HF's gradients, and both gather an exact HF export."""
-    import multiprocessing
-
     from megatron_pp_peer import run_pp_rank
 
-    context = multiprocessing.get_context("spawn")
-    results = context.Queue()
-    port = free_loopback_port()
-    peers = [context.Process(target=run_pp_rank, args=(r, 2, port, results)) for r in (0, 1)]
-    for peer in peers:
-        peer.start()
-    reports = sorted((results.get(timeout=180) for _ in peers), key=lambda r: r["rank"])
-    for peer in peers:
-        peer.join(timeout=30)
-        assert peer.exitcode == 0
+    reports = run_ranks(run_pp_rank)
     assert reports[1]["logit_error"] < LOGIT_ATOL, reports[1]
     for report in reports:
         assert report["pipelined"], report
@@ -259,20 +226,9 @@ def test_context_parallel_2_on_cpu_matches_hf():
     """Two gloo processes, CP=2 (tied embeddings, a batch padded from 9 to 12 tokens): both
     ranks get HF's response log-probs and entropies for the whole sequence, and gradients
     averaged over the CP ranks (as Megatron's DDP does) are HF's."""
-    import multiprocessing
-
     from megatron_cp_peer import run_cp_rank
 
-    context = multiprocessing.get_context("spawn")
-    results = context.Queue()
-    port = free_loopback_port()
-    peers = [context.Process(target=run_cp_rank, args=(r, 2, port, results)) for r in (0, 1)]
-    for peer in peers:
-        peer.start()
-    reports = sorted((results.get(timeout=180) for _ in peers), key=lambda r: r["rank"])
-    for peer in peers:
-        peer.join(timeout=30)
-        assert peer.exitcode == 0
+    reports = run_ranks(run_cp_rank)
     for report in reports:
         assert report["cp"] == (2, report["rank"]), report
         assert report["local_logits"] == (3, 6, 128), report  # half of the 12 padded tokens
