@@ -128,7 +128,12 @@ def build_sglang_engine(cfg: RunConfig, first_gpu: int) -> SGLangEngine:
         dtype=str(serve_dtype).removeprefix("torch."),
         seed=cfg.seed,
         # several engines on one node: each its own GPUs and its own ports
-        extra_server_args={"base_gpu_id": first_gpu, "port": SGLANG_BASE_PORT + 16 * first_gpu},
+        extra_server_args={
+            "base_gpu_id": first_gpu,
+            "port": SGLANG_BASE_PORT + 16 * first_gpu,
+            # else SGLang picks port + a random 100..1000: engines 16 ports apart could clash
+            "nccl_port": SGLANG_BASE_PORT + 16 * first_gpu + 1,
+        },
     )
 
 

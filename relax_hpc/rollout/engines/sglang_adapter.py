@@ -29,7 +29,7 @@ Must not: import sglang or torch, or talk to a running engine.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from relax_hpc.rollout.engines.base import (
@@ -42,6 +42,8 @@ from relax_hpc.rollout.engines.base import (
 SGLANG_API_VERSION = "0.5.6.post2"  # the source these shapes were read from
 MULTIMODAL_ARGS = {"image": "image_data", "audio": "audio_data"}  # request key -> generate arg
 _TRUTHY = {"1", "true", "yes", "on"}
+
+SEED_MASK = 0x7FFF_FFFF  # sampling_seed must fit SGLang's int32 seed tensor
 
 
 class SGLangResponseError(ValueError):
@@ -78,7 +80,8 @@ def sampling_params_for(
     if params.stop:
         sglang_params["stop"] = list(params.stop)
     if seeded:
-        sglang_params["sampling_seed"] = sample_seed(params.seed, request.sample_id)
+        # SGLang packs seeds into an int32 tensor in deterministic mode: keep 31 bits.
+        sglang_params["sampling_seed"] = sample_seed(params.seed, request.sample_id) & SEED_MASK
     return sglang_params
 
 
@@ -120,7 +123,9 @@ def multimodal_kwargs(requests: Sequence[GenerationRequest]) -> dict[str, list]:
     for key, arg in MULTIMODAL_ARGS.items():
         column = [(r.multimodal or {}).get(key) for r in requests]
         if any(item is not None for item in column):
-            kwargs[arg] = column
+            # A list per request: SGLang wraps every entry itself when the first one is not
+            # a list, which breaks a batch that mixes single items and lists.
+            kwargs[arg] = [x if x is None or isinstance(x, list) else [x] for x in column]
     return kwargs
 
 
@@ -227,8 +232,14 @@ def parse_finish_reason(
         return "length", None
     if kind == "stop":
         matched = reason.get("matched")
-        # an int is a stop token (EOS); a str is one of our stop strings
-        return "stop", matched if isinstance(matched, str) and matched in params.stop else None
+        # an int is a stop token (EOS); a str is one of our stop strings, or SGLang's own
+        # "NaN happened" (it also replaced the last token by EOS): that sample is garbage
+        if isinstance(matched, str) and matched not in params.stop:
+            raise SGLangResponseError(
+                f"request {request.sample_id}: SGLang stopped on {matched!r}, not on a stop "
+                "string of ours (NaN in the logits?)"
+            )
+        return "stop", matched if isinstance(matched, str) else None
     if kind == "abort":
         raise SGLangAborted(
             f"request {request.sample_id} was aborted by SGLang: {reason.get('message')}"
@@ -256,6 +267,25 @@ def require_success(result: Any, action: str) -> str:
     if not success:
         raise SGLangCallFailed(f"SGLang {action} failed: {message}")
     return message
+
+
+def chunks_by_bytes(items: Sequence[Any], size_of: Callable[[Any], int], limit: int) -> list[list]:
+    """Consecutive groups of ``items`` of at most ``limit`` bytes (a larger item alone).
+
+    SGLang materialises every tensor of one update call on each GPU before it loads any
+    (full, unsharded tensors), so a whole model in one call can run out of the memory the
+    KV cache left; updates go in chunks instead.
+    """
+    chunks: list[list] = []
+    total = 0
+    for item in items:
+        size = size_of(item)
+        if not chunks or total + size > limit:
+            chunks.append([])
+            total = 0
+        chunks[-1].append(item)
+        total += size
+    return chunks
 
 
 def distributed_update_args(specs: Iterable[Any]) -> dict[str, list]:

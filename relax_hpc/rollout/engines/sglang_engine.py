@@ -38,6 +38,7 @@ Must not: score, touch the spool, or import the trainer.
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import inspect
 import os
@@ -50,6 +51,7 @@ from torch import Tensor
 from relax_hpc.rollout.engines.base import Completion, Engine, GenerationRequest, SamplingParams
 from relax_hpc.rollout.engines.sglang_adapter import (
     check_logprob_environment,
+    chunks_by_bytes,
     distributed_update_args,
     generate_kwargs,
     parse_completions,
@@ -58,6 +60,10 @@ from relax_hpc.rollout.engines.sglang_adapter import (
 )
 
 WEIGHT_UPDATE_GROUP = "relax_hpc_weights"
+UPDATE_CHUNK_BYTES = 1 << 30  # per weight-update call (see sglang_adapter.chunks_by_bytes)
+# Layouts where an engine has more ranks than its tensor-parallel group, or ranks that
+# SGLang numbers differently in a weight-update group.
+ONE_TP_GROUP_ONLY = frozenset({"pp_size", "dp_size", "enable_dp_attention"})
 
 
 class SGLangEngine(Engine):
@@ -101,6 +107,14 @@ class SGLangEngine(Engine):
         }
         if deterministic_sampling:
             server_args["enable_deterministic_inference"] = True
+        if memory_saver:  # else the weights come back empty after a release/resume
+            server_args["enable_weights_cpu_backup"] = True
+        unsupported = sorted(set(extra_server_args or {}) & ONE_TP_GROUP_ONLY)
+        if unsupported:
+            raise ValueError(
+                f"SGLang server args {unsupported}: one engine is one tensor-parallel group "
+                "here (its weight-update ranks are tp_size); run more engines instead"
+            )
         server_args.update(extra_server_args or {})
         self._engine = (launch or _launch_sglang)(**server_args)
         self._seeded = _sampling_seed_supported() if seeded is None else seeded
@@ -172,10 +186,12 @@ class SGLangEngine(Engine):
         buffers afterwards (the weight receiver's staging buckets).
         """
         items = named_tensors.items() if isinstance(named_tensors, Mapping) else named_tensors
-        result = self._engine.update_weights_from_tensor(
-            named_tensors=list(items), flush_cache=True
-        )
-        require_success(result, "update_weights_from_tensor")
+        chunks = chunks_by_bytes(list(items), _tensor_bytes, UPDATE_CHUNK_BYTES)
+        for index, chunk in enumerate(chunks):
+            result = self._engine.update_weights_from_tensor(
+                named_tensors=chunk, flush_cache=index == len(chunks) - 1
+            )
+            require_success(result, "update_weights_from_tensor")
 
     def update_weights_from_disk(self, model_dir: str | Path, policy_version: int) -> None:
         """Load every ``*.safetensors`` of ``model_dir`` (SGLang flushes the cache itself)."""
@@ -214,10 +230,14 @@ class SGLangEngine(Engine):
         ``policy_version=None`` leaves the version to the caller (the weight receiver stamps
         it after its own checks).
         """
-        result = self._engine.update_weights_from_distributed(
-            group_name=group_name, flush_cache=True, **distributed_update_args(specs)
-        )
-        require_success(result, "update_weights_from_distributed")
+        chunks = chunks_by_bytes(list(specs), _spec_bytes, UPDATE_CHUNK_BYTES)
+        for index, chunk in enumerate(chunks):  # the trainer broadcasts in this same order
+            result = self._engine.update_weights_from_distributed(
+                group_name=group_name,
+                flush_cache=index == len(chunks) - 1,
+                **distributed_update_args(chunk),
+            )
+            require_success(result, "update_weights_from_distributed")
         if policy_version is not None:
             self.policy_version = policy_version
 
@@ -242,7 +262,22 @@ class SGLangEngine(Engine):
         self._engine.shutdown()
 
     def _run(self, coroutine) -> Any:
-        return self._engine.loop.run_until_complete(coroutine)
+        """Run a tokenizer-manager coroutine, also while generate() holds the loop in
+        another thread (then inside that loop)."""
+        loop = self._engine.loop
+        if loop.is_running():
+            return asyncio.run_coroutine_threadsafe(coroutine, loop).result()
+        return loop.run_until_complete(coroutine)
+
+
+def _tensor_bytes(item: tuple[str, Tensor]) -> int:
+    return item[1].numel() * item[1].element_size()
+
+
+def _spec_bytes(spec: Any) -> int:
+    import torch
+
+    return spec.numel * torch.empty((), dtype=getattr(torch, spec.dtype)).element_size()
 
 
 def _launch_sglang(**server_args: Any) -> Any:

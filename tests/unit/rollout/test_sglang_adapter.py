@@ -71,8 +71,18 @@ def test_sampling_params_map_onto_sglang_names():
         "stop": ["\n\n", "###"],
         "no_stop_trim": True,
         "skip_special_tokens": True,
-        "sampling_seed": sample_seed(3, "g4/2"),
+        "sampling_seed": sample_seed(3, "g4/2") & 0x7FFF_FFFF,
     }
+
+
+def test_seeds_fit_sglangs_int32_seed_tensor():
+    """Deterministic SGLang packs seeds with torch.int32: a 63-bit seed would crash it."""
+    params = SamplingParams(seed=2**40 + 5)
+    requests = [GenerationRequest(f"g{i}/0", [1]) for i in range(200)]
+    kwargs = generate_kwargs(requests, params, request_ids(requests, 1), seeded=True)
+    seeds = [p["sampling_seed"] for p in kwargs["sampling_params"]]
+    torch.tensor(seeds, dtype=torch.int32)  # raises on overflow
+    assert len(set(seeds)) == len(seeds)
 
 
 def test_greedy_is_temperature_zero_and_ignores_sampling_knobs():
@@ -87,7 +97,7 @@ def test_every_sample_gets_its_own_seed_and_unseeded_sglang_gets_none():
     requests = [GenerationRequest("g0/0", [1]), GenerationRequest("g0/1", [1])]
     kwargs = generate_kwargs(requests, params, request_ids(requests, 1), seeded=True)
     seeds = [p["sampling_seed"] for p in kwargs["sampling_params"]]
-    assert seeds == [sample_seed(11, "g0/0"), sample_seed(11, "g0/1")]
+    assert seeds == [sample_seed(11, "g0/0") & 0x7FFF_FFFF, sample_seed(11, "g0/1") & 0x7FFF_FFFF]
     assert seeds[0] != seeds[1]
     unseeded = generate_kwargs(requests, params, request_ids(requests, 1), seeded=False)
     assert all("sampling_seed" not in p for p in unseeded["sampling_params"])
@@ -113,7 +123,7 @@ def test_multimodal_inputs_pass_through_aligned_with_the_batch():
     ]
     kwargs = generate_kwargs(requests, SamplingParams(), request_ids(requests, 1), seeded=False)
     assert kwargs["image_data"] == [["cat.png", image], None, None]
-    assert kwargs["audio_data"] == [None, None, "clip.wav"]
+    assert kwargs["audio_data"] == [None, None, ["clip.wav"]]  # always a list per request
     video = [GenerationRequest("g3/0", [1], multimodal={"video": "v.mp4"})]
     with pytest.raises(ValueError, match="video"):
         generate_kwargs(video, SamplingParams(), ["r"], seeded=False)
@@ -128,6 +138,14 @@ def test_finish_reasons_eos_stop_string_and_length():
     assert stop_string.text.endswith("\n\n")  # no_stop_trim: the text is every token's text
     assert (length.finish_reason, length.stop) == ("length", None)
     assert len(length.token_ids) == 4
+
+
+def test_a_stop_on_a_string_that_is_not_ours_is_an_error():
+    """SGLang reports NaN logits as a stop on the string "NaN happened" (and writes EOS)."""
+    data, requests, params = fixture_call("batch_eos_stop_length.json")
+    data["outputs"][0]["meta_info"]["finish_reason"] = {"type": "stop", "matched": "NaN happened"}
+    with pytest.raises(SGLangResponseError, match="NaN happened"):
+        parse_completions(data["outputs"], requests, request_ids(requests, 1), params, 0)
 
 
 def test_token_ids_and_logprobs_come_from_output_token_logprobs():
@@ -282,6 +300,47 @@ def test_policy_version_changes_only_after_sglang_reports_success(tmp_path):
     engine.update_weights_from_disk(tmp_path, policy_version=4)
     assert sglang.calls[-1] == ("update_weights_from_disk", {"model_path": str(tmp_path)})
     assert engine.policy_version == 4
+
+
+def test_weight_updates_go_in_chunks_and_flush_the_cache_once(monkeypatch):
+    """SGLang allocates every tensor of a call on the GPU first: a whole model at once can
+    exhaust what the KV cache left. 1 KiB chunks over 5 x 400-byte tensors -> 3 calls."""
+    from relax_hpc.rollout.engines import sglang_engine
+    from relax_hpc.weightsync.protocol import TensorSpec
+
+    monkeypatch.setattr(sglang_engine, "UPDATE_CHUNK_BYTES", 1024)
+    engine, sglang = stand_in_engine()
+    tensors = {f"w{i}": torch.ones(100) for i in range(5)}  # float32: 400 bytes each
+    engine.load_state_dict(tensors, policy_version=1)
+    calls = [kw for name, kw in sglang.calls if name == "update_weights_from_tensor"]
+    assert [[n for n, _ in kw["named_tensors"]] for kw in calls] == [
+        ["w0", "w1"],
+        ["w2", "w3"],
+        ["w4"],
+    ]
+    assert [kw["flush_cache"] for kw in calls] == [False, False, True]
+    specs = [TensorSpec(f"w{i}", "bfloat16", (300,), 0, 0) for i in range(4)]  # 600 bytes
+    engine.update_weights_from_distributed(specs, policy_version=2)
+    calls = [kw for name, kw in sglang.calls if name == "update_weights_from_distributed"]
+    assert [kw["names"] for kw in calls] == [["w0"], ["w1"], ["w2"], ["w3"]]
+    assert [kw["flush_cache"] for kw in calls] == [False, False, False, True]
+    assert engine.policy_version == 2
+
+
+def test_layouts_with_more_ranks_than_one_tp_group_are_refused():
+    with pytest.raises(ValueError, match="dp_size"):
+        SGLangEngine("/m", extra_server_args={"dp_size": 2}, launch=StandInSGLang, seeded=True)
+
+
+def test_memory_saver_keeps_a_cpu_copy_of_the_weights():
+    made = []
+
+    def launch(**server_args):
+        made.append(StandInSGLang([], **server_args))
+        return made[-1]
+
+    SGLangEngine("/m", memory_saver=True, launch=launch, seeded=True)
+    assert made[0].server_args["enable_weights_cpu_backup"] is True
 
 
 def test_drain_aborts_every_in_flight_request_and_memory_calls_need_the_saver():
