@@ -219,6 +219,12 @@ def _check_megatron(cfg: RunConfig) -> None:
     """What the megatron backend does not run yet."""
     if cfg.trainer.backend != "megatron":
         return
+    if cfg.model.dtype == "float16":
+        raise ConfigError(
+            "model.dtype",
+            "the megatron backend trains in bfloat16 or float32 (it has no float16 loss "
+            "scaler); set model.dtype=bfloat16",
+        )
     # The same test as relax_hpc.algo.resolve(...).needs_critic, without importing the losses.
     needs_critic = cfg.algo.with_algorithm_defaults().advantage_estimator == "gae"
     if needs_critic and cfg.trainer.parallel.pipeline > 1:

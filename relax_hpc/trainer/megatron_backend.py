@@ -10,9 +10,9 @@ process) it steps a plain ``torch.optim.AdamW``; that path exists to check the m
 HF on a CPU box (Megatron's pipeline schedule is CUDA-only).
 
 It must not import megatron at module import time, own the loop or the loss, or know about
-the spool and weight sync. It deliberately leaves out context parallelism (CP-aware
-attention), a critic, and packed sequences: batches are right-padded, so the causal mask
-alone keeps padding out of every real token's logits.
+the spool and weight sync. It deliberately leaves out packed sequences (batches are
+right-padded, so the causal mask alone keeps padding out of every real token's logits) and
+float16 training (no loss scaler; bfloat16 or float32).
 """
 
 from __future__ import annotations
@@ -275,7 +275,9 @@ class MegatronModel:
                 logprobs, entropy = self._responses(logits, input_ids, micro, True)
                 loss, metrics = loss_fn(index, logprobs, entropy)
                 results.append({"loss": loss.detach(), **metrics})
-                return loss * scale, {}
+                # The schedule divides by the micro-batch count and multiplies by the CP size;
+                # under CP every rank already holds the whole loss (DDP cancels that factor).
+                return loss * (scale / self._cp()[0]), {}
 
             return output, loss_func
 
@@ -352,7 +354,7 @@ class MegatronModel:
         state = dist_checkpointing.load(self._sharded_state(is_loading=True), str(checkpoint_dir))
         load_weights_checked(self.gpt_model, state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
-        self.scheduler.load_state_dict(state["scheduler"])
+        restore_scheduler(self.scheduler, state["scheduler"])
 
     @property
     def _on_cpu_optimizer(self) -> bool:
@@ -448,6 +450,14 @@ def warmup_scheduler(optimizer: Any, optim: OptimizerSettings) -> Any:
     # Megatron's first warm-up update would use lr 0; one step ahead matches (step + 1) / warmup.
     scheduler.step(increment=1)
     return scheduler
+
+
+def restore_scheduler(scheduler: Any, state: dict) -> None:
+    """``OptimizerParamScheduler.load_state_dict`` *adds* the saved step count to the
+    current one (``step(increment=num_steps)``); ours starts one step ahead (see
+    ``warmup_scheduler``), so count from zero: the saved count already includes that step."""
+    scheduler.num_steps = 0
+    scheduler.load_state_dict(state)
 
 
 def cpu_training_wrappers(model: torch.nn.Module, optim: OptimizerSettings) -> tuple[Any, Any, Any]:

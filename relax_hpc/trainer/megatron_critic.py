@@ -2,16 +2,15 @@
 scalar head, the Megatron twin of ``torch_backend.ValueHead`` (same weights, same values).
 
 The body is built without final norm and output layer (``body_only``), so it returns the
-last hidden states ``[S, B, H]``; the norm and the zero-initialised head are plain torch
-modules, replicated over tensor-parallel ranks (sequence parallelism is off for the critic,
-so every TP rank holds the whole sequence). Pipeline parallelism is not supported here.
+last hidden states ``[S, B, H]`` (split over TP ranks under sequence parallelism: gathered
+here); the norm and the zero-initialised head are plain torch modules, replicated over
+tensor-parallel ranks. Pipeline parallelism is not supported here.
 
 It must not import megatron at module import time, or know about losses and batches.
 """
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
@@ -45,6 +44,13 @@ class ValueNetwork(torch.nn.Module):
 
     def forward(self, input_ids: Tensor, position_ids: Tensor, attention_mask=None) -> Tensor:
         hidden_SBH = self.body(input_ids, position_ids, attention_mask=attention_mask)
+        if self.config.sequence_parallel:
+            from megatron.core.tensor_parallel import gather_from_sequence_parallel_region
+
+            # every TP rank computes the same values; the backward keeps this rank's slice
+            hidden_SBH = gather_from_sequence_parallel_region(
+                hidden_SBH, tensor_parallel_output_grad=False
+            )
         return self.head(self.final_norm(hidden_SBH)).squeeze(-1).transpose(0, 1)
 
     def sharded_state_dict(self, prefix: str = "", sharded_offsets=(), metadata=None) -> dict:
@@ -70,7 +76,6 @@ def build_value_network(
             "trainer.parallel.pipeline: the megatron critic (algo with GAE) needs pipeline=1"
         )
     config = hf_body.config
-    settings = dataclasses.replace(settings, sequence_parallel=False)
     spec_name = layer_spec_name(settings)
     network = ValueNetwork(
         build_gpt_model(config, settings, body_only=True), config.hidden_size, config.rms_norm_eps

@@ -35,15 +35,18 @@ class MegatronSettings:
     dtype: torch.dtype = torch.bfloat16
     recompute_layers: bool = False  # full recompute of every layer's activations
     on_cpu: bool = False
-    # With Transformer Engine and TP > 1 the activations between layers are split over the
-    # sequence; the critic turns it off, its value head needs the whole sequence.
-    sequence_parallel: bool = True
 
     def check_model(self, shape: mapping.Qwen3Shape) -> None:
-        """EP needs a MoE model whose experts it divides; PP evenly divided layers."""
+        """EP needs a MoE model whose experts it divides; PP evenly divided layers; MoE under
+        TP needs sequence parallelism (Megatron's MoE layer refuses to train without it)."""
         if self.expert > 1:
             mapping.experts_per_rank(shape.num_experts, self.expert)
         mapping.layers_per_stage(shape.num_layers, self.pipeline)
+        if shape.num_experts and self.tensor > 1 and not uses_sequence_parallel(self):
+            raise ValueError(
+                "trainer.parallel.tensor: a MoE model under tensor parallelism needs sequence "
+                "parallelism, which needs Transformer Engine on GPU; install it or set tensor=1"
+            )
 
 
 def initialize_model_parallel(settings: MegatronSettings) -> None:
@@ -104,9 +107,7 @@ def transformer_config(hf_config: Any, settings: MegatronSettings):
         variable_seq_lengths=settings.pipeline > 1,
         batch_p2p_sync=on_gpu,
         # Saves activation memory under TP, but the local spec's torch norms refuse it.
-        sequence_parallel=settings.sequence_parallel
-        and settings.tensor > 1
-        and layer_spec_name(settings) == "te",
+        sequence_parallel=uses_sequence_parallel(settings),
         params_dtype=settings.dtype,
         bf16=settings.dtype == torch.bfloat16,
         use_cpu_initialization=settings.on_cpu,
@@ -119,6 +120,11 @@ def transformer_config(hf_config: Any, settings: MegatronSettings):
         **_recompute_kwargs(settings),
         **_moe_kwargs(hf_config, shape, settings),
     )
+
+
+def uses_sequence_parallel(settings: MegatronSettings) -> bool:
+    """Activations between layers split over the sequence: under TP, with TE's norms."""
+    return settings.tensor > 1 and layer_spec_name(settings) == "te"
 
 
 def _recompute_kwargs(settings: MegatronSettings) -> dict[str, Any]:

@@ -64,6 +64,7 @@ BAD_CONFIGS = [
     pytest.param(
         QWEN + ["trainer.parallel.expert=3"], "trainer.parallel.expert", id="expert-divides-data"
     ),
+    pytest.param(QWEN + ["model.dtype=float16"], "model.dtype", id="megatron-float16"),
     pytest.param(
         QWEN + ["algo=ppo", "trainer.parallel.pipeline=2"],
         "trainer.parallel.pipeline",

@@ -179,6 +179,39 @@ def test_gpu_scheduler_follows_the_torch_backend_schedule(warmup_steps):
     assert lrs == pytest.approx(expected)
 
 
+def test_moe_under_tensor_parallelism_needs_sequence_parallelism():
+    """Megatron's MoE layer refuses to train under TP without sequence parallelism, which
+    needs Transformer Engine's norms: refused when the model is built, with the fix."""
+    from relax_hpc.trainer.megatron_model import MegatronSettings
+
+    shape = mapping.Qwen3Shape.from_hf_config(tiny_qwen3_moe().config)
+    with pytest.raises(ValueError, match="needs sequence parallelism"):
+        MegatronSettings(tensor=2, on_cpu=True).check_model(shape)
+    MegatronSettings(tensor=1, expert=2, on_cpu=True).check_model(shape)  # EP alone is fine
+
+
+def test_a_restored_scheduler_continues_where_the_saved_one_stopped():
+    """OptimizerParamScheduler.load_state_dict adds the saved step count to its own, and a
+    fresh warm-up scheduler has already taken one step."""
+    from relax_hpc.trainer.megatron_backend import (
+        OptimizerSettings,
+        restore_scheduler,
+        warmup_scheduler,
+    )
+
+    def scheduler_and_optimizer():
+        optimizer = torch.optim.AdamW([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
+        return warmup_scheduler(optimizer, OptimizerSettings(lr=1.0, warmup_steps=10)), optimizer
+
+    saved, saved_optimizer = scheduler_and_optimizer()
+    for _ in range(3):
+        saved.step(increment=1)
+    restored, optimizer = scheduler_and_optimizer()
+    restore_scheduler(restored, saved.state_dict())
+    assert restored.num_steps == saved.num_steps
+    assert optimizer.param_groups[0]["lr"] == saved_optimizer.param_groups[0]["lr"]
+
+
 def test_tensor_parallel_2_on_cpu_matches_hf():
     """Two gloo processes, TP=2: each rank's shard (split by megatron_mapping) computes the
     HF logits and HF gradients, and the gathered HF export is exact."""
