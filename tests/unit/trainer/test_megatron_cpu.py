@@ -166,7 +166,7 @@ def test_networks_from_the_trainer_config(megatron_world):
 @pytest.mark.parametrize("warmup_steps", [0, 3])
 def test_gpu_scheduler_follows_the_torch_backend_schedule(warmup_steps):
     """Megatron's OptimizerParamScheduler (driving a torch optimizer here) vs TorchModel's."""
-    from relax_hpc.trainer.megatron_backend import OptimizerSettings, warmup_scheduler
+    from relax_hpc.trainer.megatron_optim import OptimizerSettings, warmup_scheduler
     from relax_hpc.trainer.torch_backend import warmup_lambda
 
     optimizer = torch.optim.AdamW([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
@@ -193,7 +193,7 @@ def test_moe_under_tensor_parallelism_needs_sequence_parallelism():
 def test_a_restored_scheduler_continues_where_the_saved_one_stopped():
     """OptimizerParamScheduler.load_state_dict adds the saved step count to its own, and a
     fresh warm-up scheduler has already taken one step."""
-    from relax_hpc.trainer.megatron_backend import (
+    from relax_hpc.trainer.megatron_optim import (
         OptimizerSettings,
         restore_scheduler,
         warmup_scheduler,
