@@ -56,7 +56,15 @@ def main(argv: list[str] | None = None) -> int:
         identity.attempt,
         identity.launcher,
     )
-    if args.role == "trainer":
+    try:
+        return run_role(args.role, cfg, paths, identity)
+    except ConfigError as err:  # found only at run time, e.g. a checkpoint's layout
+        print(f"relax_hpc: config error: {err}", file=sys.stderr)
+        return EXIT_CONFIG_ERROR
+
+
+def run_role(role: str, cfg, paths: RunPaths, identity: TaskIdentity) -> int:
+    if role == "trainer":
         from relax_hpc.trainer.main import run_trainer
 
         return run_trainer(cfg, paths, identity)

@@ -24,6 +24,8 @@ MODES = ("sync", "hybrid", "async")
 MODALITIES = ("text", "vision", "audio", "omni")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 TRAINER_BACKENDS = ("torch", "megatron")
+# How Megatron's distributed optimizer writes checkpoints (trainer/megatron_layout.py).
+MEGATRON_CHECKPOINT_FORMATS = ("dp_reshardable", "fully_reshardable")
 ROLLOUT_BACKENDS = ("transformers", "sglang")
 DATA_KINDS = ("jsonl", "parquet", "synthetic_addition")
 CLUSTER_KINDS = ("local", "slurm", "auto")
@@ -81,6 +83,9 @@ class TrainerConfig:
     activation_checkpointing: bool = False
     checkpoint_interval_steps: int = 50
     checkpoint_keep: int = 2  # complete checkpoints kept; older ones are deleted
+    # megatron: dp_reshardable (fast; resume with other data sizes only) | fully_reshardable
+    # (gathers the optimizer state at save; resume with any parallel layout)
+    megatron_checkpoint_format: str = "dp_reshardable"
     torch_threads: int = 1  # CPU: one thread per process is fastest for tiny models
 
 

@@ -16,6 +16,7 @@ from relax_hpc.config.schema import (
     CLUSTER_KINDS,
     DATA_KINDS,
     DTYPES,
+    MEGATRON_CHECKPOINT_FORMATS,
     MODALITIES,
     MODES,
     RESUME_CHOICES,
@@ -58,6 +59,11 @@ def _check_choices(cfg: RunConfig) -> None:
     _choice("model.modality", cfg.model.modality, MODALITIES)
     _choice("model.dtype", cfg.model.dtype, DTYPES)
     _choice("trainer.backend", cfg.trainer.backend, TRAINER_BACKENDS)
+    _choice(
+        "trainer.megatron_checkpoint_format",
+        cfg.trainer.megatron_checkpoint_format,
+        MEGATRON_CHECKPOINT_FORMATS,
+    )
     _choice("rollout.backend", cfg.rollout.backend, ROLLOUT_BACKENDS)
     _choice("data.kind", cfg.data.kind, DATA_KINDS)
     _choice("cluster.kind", cfg.cluster.kind, CLUSTER_KINDS)

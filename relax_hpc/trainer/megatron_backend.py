@@ -37,6 +37,12 @@ from relax_hpc.trainer.batch import (
 )
 from relax_hpc.trainer.megatron_cp import gather_from_cp, split_for_cp
 from relax_hpc.trainer.megatron_critic import build_value_network
+from relax_hpc.trainer.megatron_layout import (
+    CheckpointLayout,
+    check_resumable,
+    read_layout,
+    write_layout,
+)
 from relax_hpc.trainer.megatron_model import (
     MegatronSettings,
     build_gpt_model,
@@ -108,8 +114,10 @@ class MegatronModel:
         optimizer: Any = None,
         scheduler: Any = None,
         grad_clip: float = 1.0,
+        settings: MegatronSettings | None = None,
     ) -> None:
         self.network = network
+        self.settings = settings or MegatronSettings()
         self.hf_config = hf_config
         self.shape = mapping.Qwen3Shape.from_hf_config(hf_config)
         self.spec_name = spec_name
@@ -327,16 +335,25 @@ class MegatronModel:
         same state: Megatron 0.16's torch_dist writer calls ``torch.cuda.synchronize``.
         """
         checkpoint_dir.mkdir(parents=True, exist_ok=True)
+        layout = self.checkpoint_layout()
         if self._on_cpu_optimizer:
             import torch.distributed.checkpoint as dcp
 
             dcp.save(self._torch_state(), checkpoint_id=str(checkpoint_dir))
-            return
-        from megatron.core import dist_checkpointing
+        else:
+            from megatron.core import dist_checkpointing
 
-        dist_checkpointing.save(self._sharded_state(is_loading=False), str(checkpoint_dir))
+            state = self._sharded_state(is_loading=False, sharding_type=layout.format)
+            dist_checkpointing.save(state, str(checkpoint_dir))
+        if not torch.distributed.is_initialized() or torch.distributed.get_rank() == 0:
+            write_layout(checkpoint_dir, layout)
 
     def load_checkpoint(self, checkpoint_dir: Path) -> None:
+        """Refuses (``CheckpointLayoutError``) a checkpoint this layout cannot read; reads
+        with the format it was written in."""
+        saved = read_layout(checkpoint_dir)
+        if saved is not None:
+            check_resumable(saved, self.checkpoint_layout(), checkpoint_dir)
         if self._on_cpu_optimizer:
             import torch.distributed.checkpoint as dcp
 
@@ -344,10 +361,27 @@ class MegatronModel:
             return
         from megatron.core import dist_checkpointing
 
-        state = dist_checkpointing.load(self._sharded_state(is_loading=True), str(checkpoint_dir))
+        # Written before layouts were recorded: always dp_reshardable.
+        sharding_type = saved.format if saved else "dp_reshardable"
+        state = self._sharded_state(is_loading=True, sharding_type=sharding_type)
+        state = dist_checkpointing.load(state, str(checkpoint_dir))
         load_weights_checked(self.gpt_model, state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         restore_scheduler(self.scheduler, state["scheduler"])
+
+    def checkpoint_layout(self) -> CheckpointLayout:
+        """This model's format and parallel sizes (Megatron's parallel state is set up)."""
+        from megatron.core import parallel_state
+
+        s = self.settings
+        return CheckpointLayout(
+            format=s.checkpoint_format,
+            tensor=s.tensor,
+            pipeline=s.pipeline,
+            expert=s.expert,
+            context=s.context,
+            data=parallel_state.get_data_parallel_world_size(),
+        )
 
     @property
     def _on_cpu_optimizer(self) -> bool:
@@ -361,10 +395,11 @@ class MegatronModel:
             "scheduler": OpaqueState(self.scheduler),
         }
 
-    def _sharded_state(self, is_loading: bool) -> dict[str, Any]:
+    def _sharded_state(self, is_loading: bool, sharding_type: str) -> dict[str, Any]:
         assert self.optimizer is not None and self.scheduler is not None
-        # dp_reshardable: every rank writes its own optimizer shard, no gather on rank 0.
-        metadata = {"distrib_optim_sharding_type": "dp_reshardable"}
+        # dp_reshardable: every rank writes its own optimizer shard, no gather on rank 0;
+        # fully_reshardable: per-parameter state, gathered on the first data-parallel rank.
+        metadata = {"distrib_optim_sharding_type": sharding_type}
         model_state = self.gpt_model.sharded_state_dict(metadata=metadata)
         optimizer_state = self.optimizer.sharded_state_dict(
             model_state, is_loading=is_loading, metadata=metadata
@@ -413,7 +448,9 @@ def megatron_model_from_hf(
     model = model.to(device)
     if optim is None:
         model.eval().requires_grad_(False)
-        return MegatronModel(model, config, spec_name, device, micro_batch_tokens)
+        return MegatronModel(
+            model, config, spec_name, device, micro_batch_tokens, settings=settings
+        )
     model.train()
     sizes = (settings.tensor, settings.pipeline, settings.context, settings.expert)
     if settings.on_cpu and sizes != (1, 1, 1, 1):
@@ -429,6 +466,7 @@ def megatron_model_from_hf(
         optimizer,
         scheduler,
         optim.grad_clip,
+        settings,
     )
 
 
@@ -454,6 +492,7 @@ def megatron_networks(
         dtype=dtype,
         recompute_layers=trainer.activation_checkpointing,
         on_cpu=device.type == "cpu",
+        checkpoint_format=trainer.megatron_checkpoint_format,
     )
     if not parallel_state.model_parallel_is_initialized():
         initialize_model_parallel(settings)

@@ -35,6 +35,7 @@ class MegatronSettings:
     dtype: torch.dtype = torch.bfloat16
     recompute_layers: bool = False  # full recompute of every layer's activations
     on_cpu: bool = False
+    checkpoint_format: str = "dp_reshardable"  # see megatron_layout.py
 
     def check_model(self, shape: mapping.Qwen3Shape) -> None:
         """EP needs a MoE model whose experts it divides; PP evenly divided layers; MoE under

@@ -165,3 +165,21 @@ def test_pipeline_or_context_parallel_on_two_gpus(parallel):
         assert report["micros"] > 1, report
         assert report["losses"][-1] < report["losses"][0], report
     assert reports[0]["losses"] == reports[1]["losses"]
+
+
+@pytest.mark.skipif(
+    torch.cuda.is_available() and torch.cuda.device_count() < 2, reason="needs 2 GPUs"
+)
+def test_fully_reshardable_checkpoint_resumes_under_another_tensor_parallel_size(tmp_path):
+    """Written under TP=2 with ``fully_reshardable``, read under TP=1: the same weights, and
+    the next step equals the TP=2 run's next step (the Adam moments came along)."""
+    pytest.importorskip("megatron.core")
+    from megatron_reshard_gpu_peer import resume_under_tp1, save_under_tp2
+
+    checkpoint = str(tmp_path / "megatron")
+    written = run_ranks(save_under_tp2, checkpoint, timeout_s=600)[0]
+    resumed = run_ranks(resume_under_tp1, checkpoint, world_size=1, timeout_s=600)[0]
+    for name, tensor in written["saved"].items():
+        assert torch.equal(resumed["loaded"][name], tensor), name
+    for name, tensor in written["continued"].items():
+        torch.testing.assert_close(resumed["continued"][name], tensor, atol=1e-4, rtol=1e-3)

@@ -109,3 +109,35 @@ def test_update_splits_rows_by_the_data_parallel_group(megatron_world):
     assert data_parallel_layout(CFG, identity) == (0, 1)
     torch_cfg = RunConfig(name="wiring", trainer=TrainerConfig(backend="torch"))
     assert data_parallel_layout(torch_cfg, identity) == (3, 8)
+
+
+def test_checkpoint_records_its_layout_and_refuses_one_it_cannot_serve(megatron_world, tmp_path):
+    import json
+
+    from relax_hpc.trainer.megatron_layout import (
+        LAYOUT_FILE,
+        CheckpointLayout,
+        CheckpointLayoutError,
+        read_layout,
+    )
+
+    input_ids_BL = torch.randint(0, 128, (2, 9), generator=torch.Generator().manual_seed(1))
+    nets = megatron_nets(megatron_world)
+    train_one_step(nets, input_ids_BL)
+    nets.policy.save_checkpoint(tmp_path / "megatron")
+    assert read_layout(tmp_path / "megatron") == CheckpointLayout()  # one process, all 1
+
+    record = tmp_path / "megatron" / LAYOUT_FILE
+    as_if_tp2 = {**json.loads(record.read_text()), "tensor": 2}
+    record.write_text(json.dumps(as_if_tp2))
+    fresh = megatron_nets(megatron_world, seed=1)
+    before = fresh.policy.hf_state_dict()
+    with pytest.raises(CheckpointLayoutError, match="tensor 2 -> 1"):
+        fresh.policy.load_checkpoint(tmp_path / "megatron")
+    after = fresh.policy.hf_state_dict()
+    assert all(torch.equal(before[name], after[name]) for name in before)  # nothing read
+
+    record.write_text(json.dumps({**as_if_tp2, "format": "fully_reshardable"}))
+    fresh.policy.load_checkpoint(tmp_path / "megatron")
+    with torch.no_grad():
+        assert torch.equal(fresh.policy.logits(input_ids_BL), nets.policy.logits(input_ids_BL))
