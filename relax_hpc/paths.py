@@ -71,6 +71,9 @@ def read_json(path: Path | str) -> Any:
 
 LOGS_SUBDIR = "logs"
 CANCEL_REQUEST_NAME = "control/cancel"  # run-dir-relative; the batch script checks it too
+# Held (flock) by the one start running in a run directory, and who holds it (runlock.py).
+RUN_LOCK_NAME = "control/run.lock"
+RUN_OWNER_NAME = "control/run.owner.json"
 # Written by the trainer after its final checkpoint and export: the run is complete.
 TRAINER_DONE_NAME = "status/trainer_done.json"
 BATCH_LOG_NAME = f"{LOGS_SUBDIR}/batch-%j.log"  # %j: Slurm's job id (the hetjob leader's)

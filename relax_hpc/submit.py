@@ -22,6 +22,7 @@ from relax_hpc.config import (
 )
 from relax_hpc.launch.cluster import resolve_cluster_kind
 from relax_hpc.launch.plan import JobPlan, build_job_plan, describe_plan
+from relax_hpc.launch.runlock import RunInUse, hold_run_lock, refuse_if_in_use
 from relax_hpc.launch.sbatch import render_sbatch
 from relax_hpc.observe.alerts import move_urls_to_secrets
 from relax_hpc.paths import RunPaths, atomic_write_text
@@ -38,10 +39,12 @@ creates the run directory and launches the job (cluster=local|slurm|auto).
   run_dir=PATH        use (or resume) this run directory
   cluster=slurm       submit to Slurm; cluster=local runs the roles as local processes
 
-Experiments: see configs/experiment/ (default: grpo_tiny). Exit codes: 0 ok, 2 configuration error.
+Experiments: see configs/experiment/ (default: grpo_tiny). Exit codes: 0 ok, 2 configuration
+error, 3 the run directory is in use by another job.
 """
 
 EXIT_CONFIG_ERROR = 2
+EXIT_IN_USE = 3
 DEFAULT_EXPERIMENT = "grpo_tiny"  # the embedded default: trains on a laptop CPU in minutes
 
 
@@ -112,8 +115,14 @@ def launch(cfg: RunConfig, paths: RunPaths, plan: JobPlan, kind: str) -> int:
 
         print(f"relax_hpc: running {plan.name} locally; logs in {paths.logs_dir}", file=sys.stderr)
         progress = ProgressReporter(paths, cfg.trainer.total_steps)
-        exit_code = LocalExecutor(plan, paths, on_tick=progress.tick).run()
-        progress.close()
+        try:
+            with hold_run_lock(paths, plan.run_lock_wait_s):
+                exit_code = LocalExecutor(plan, paths, on_tick=progress.tick).run()
+        except RunInUse as err:
+            print(f"relax_hpc: {err}", file=sys.stderr)
+            return EXIT_IN_USE
+        finally:
+            progress.close()
         print_summary(paths, exit_code)
         return exit_code
     from submitit.core.utils import FailedJobError
@@ -167,6 +176,11 @@ def run(argv: list[str]) -> int:
         )
         print(script, end="")
         return 0
+    try:
+        refuse_if_in_use(RunPaths(run_dir))  # before anything in it is rewritten
+    except RunInUse as err:
+        print(f"relax_hpc: {err}", file=sys.stderr)
+        return EXIT_IN_USE
     paths = write_run_directory(cfg, run_dir, plan, script)
     if cfg.prepare_only:
         print(f"relax_hpc: prepared {paths.root}; submit with: sbatch {paths.sbatch_script}")

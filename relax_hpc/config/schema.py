@@ -139,6 +139,8 @@ class ClusterConfig:
     share_nodes: bool = False  # hybrid/async: split the same nodes' GPUs instead of a hetjob
     signal_grace_s: int = 120  # advance warning before the time limit, for a final checkpoint
     max_restarts: int = 3  # automatic requeues (crash, preemption) before a clear failure
+    # A start waits this long for the run directory's lock (a dead holder's NFS lease)
+    run_lock_wait_s: int = 120
     setup: list[str] = field(default_factory=list)  # shell lines before the steps (modules, env)
     python: str = "python"  # interpreter inside the job steps
     extra_sbatch: dict[str, str] = field(default_factory=dict)  # additional #SBATCH --key=value

@@ -98,6 +98,7 @@ def _check_positive(cfg: RunConfig) -> None:
         "max_staleness": cfg.max_staleness,
         "cluster.max_restarts": cfg.cluster.max_restarts,
         "cluster.signal_grace_s": cfg.cluster.signal_grace_s,
+        "cluster.run_lock_wait_s": cfg.cluster.run_lock_wait_s,
     }.items():
         if value < 0:
             raise ConfigError(name, f"must be >= 0, got {value}")

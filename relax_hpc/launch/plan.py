@@ -54,6 +54,7 @@ class JobPlan:
     qos: str | None
     signal_grace_s: int
     max_restarts: int
+    run_lock_wait_s: int = 120
     setup: tuple[str, ...] = ()
     extra_sbatch: tuple[tuple[str, str], ...] = field(default_factory=tuple)
 
@@ -145,6 +146,7 @@ def build_job_plan(cfg: RunConfig, run_dir: str) -> JobPlan:
         qos=cluster.qos,
         signal_grace_s=cluster.signal_grace_s,
         max_restarts=cluster.max_restarts,
+        run_lock_wait_s=cluster.run_lock_wait_s,
         setup=tuple(cluster.setup),
         extra_sbatch=tuple(sorted(cluster.extra_sbatch.items())),
     )

@@ -12,7 +12,14 @@ import shlex
 from dataclasses import replace
 
 from relax_hpc.launch.plan import REQUEUE_EXIT_CODE, JobPlan, RolePlan
-from relax_hpc.paths import BATCH_LOG_NAME, CANCEL_REQUEST_NAME, TRAINER_DONE_NAME, task_log_name
+from relax_hpc.paths import (
+    BATCH_LOG_NAME,
+    CANCEL_REQUEST_NAME,
+    RUN_LOCK_NAME,
+    RUN_OWNER_NAME,
+    TRAINER_DONE_NAME,
+    task_log_name,
+)
 
 ADVANCE_SIGNAL = "USR1"  # Slurm's warning before the time limit: checkpoint and requeue
 STOP_WAIT_S = 60  # a step asked to stop (USR1) gets this long before it is terminated
@@ -144,6 +151,22 @@ _SUPERVISOR = """\
 restarts=${{SLURM_RESTART_COUNT:-0}}
 echo "relax_hpc: job ${{SLURM_JOB_ID}} start $((restarts + 1)) on $(hostname) at $(date -Is)"
 
+# One job at a time per run directory (relax_hpc/launch/runlock.py): this start and its
+# steps hold {run_lock} (flock) until they end. A previous holder's lock may outlive it
+# for an NFS lease, so wait up to {lock_wait_s} s; a second job gives up and touches nothing.
+exec 9>>"$RELAX_HPC_RUN_DIR/{run_lock}"
+flock -w {lock_wait_s} -E 99 9; lock_rc=$?
+owner="$RELAX_HPC_RUN_DIR/{run_owner}"
+if [ "$lock_rc" = 99 ]; then
+  echo "relax_hpc: $RELAX_HPC_RUN_DIR is in use by another job ($(cat "$owner" 2>/dev/null | tr -d '\\n')); this job stops and leaves the run alone" >&2
+  exit 3
+elif [ "$lock_rc" != 0 ]; then
+  echo "relax_hpc: cannot lock $RELAX_HPC_RUN_DIR (no flock on this filesystem?); not guarding against a second job" >&2
+else
+  printf '{{"host": "%s", "job_id": "%s", "pid": %s, "since": %s}}\\n' \\
+    "$(hostname)" "$SLURM_JOB_ID" "$$" "$(date +%s)" >"$owner.tmp.$$" && mv -f "$owner.tmp.$$" "$owner"
+fi
+
 # The run watcher (alerts: started/resumed, first step, stalled; the cost ledger) runs
 # beside the steps; end_job tells how this start ended. Both are bounded and never decide
 # the outcome: a failing alert service cannot hold or fail the job.
@@ -261,7 +284,12 @@ def _body(plan: JobPlan) -> list[str]:
         lines += list(plan.setup)
     python = shlex.quote(plan.roles[0].command[0])
     supervisor = _SUPERVISOR.format(
-        signal=ADVANCE_SIGNAL, max_restarts=plan.max_restarts, python=python
+        signal=ADVANCE_SIGNAL,
+        max_restarts=plan.max_restarts,
+        python=python,
+        run_lock=RUN_LOCK_NAME,
+        run_owner=RUN_OWNER_NAME,
+        lock_wait_s=plan.run_lock_wait_s,
     )
     lines += ["", supervisor]
     for index, role in enumerate(plan.roles):

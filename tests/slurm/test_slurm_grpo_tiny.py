@@ -115,9 +115,24 @@ def test_a_job_whose_steps_fail_is_seen_as_failed(tmp_path):
     assert "config error" in logs(run_dir)
 
 
+def second_job_by_hand(paths: RunPaths) -> str:
+    """``sbatch job.sbatch`` as an operator might, while the run's own job is running."""
+    out = subprocess.run(
+        ["sbatch", "--parsable", str(paths.sbatch_script)],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=30,
+    )
+    return out.stdout.strip().split(";")[0]
+
+
 def test_cancel_stops_with_a_checkpoint_and_no_requeue(tmp_path):
+    """Also: while the job runs, a second submit is refused and a second job submitted by
+    hand stops at the run directory's lock without touching the run."""
     run_dir = tmp_path / "run"
-    assert submit(run_dir, "trainer.total_steps=2000").returncode == 0
+    overrides = ["trainer.total_steps=2000", "cluster.run_lock_wait_s=3"]
+    assert submit(run_dir, *overrides).returncode == 0
     paths = RunPaths(run_dir)
     job_id = str(read_json(paths.job_file)["job_id"])
     try:
@@ -131,6 +146,14 @@ def test_cancel_stops_with_a_checkpoint_and_no_requeue(tmp_path):
         assert f"Slurm job {job_id} RUNNING" in live.stdout, live.stdout
         assert "starts: 1 (restarts 0)" in live.stdout and "cost: CPU-hours" in live.stdout
         assert "trainer: step" in live.stdout and "spool:" in live.stdout
+        again = submit(run_dir, *overrides)
+        assert again.returncode == 3 and f"in use by Slurm job {job_id}" in again.stderr
+        second = second_job_by_hand(paths)
+        assert wait_for_job(second, timeout_s=300) == "FAILED"
+        second_log = (paths.logs_dir / f"batch-{second}.log").read_text()
+        assert "is in use by another job" in second_log and "start 1" in second_log
+        assert job_state(job_id)["State"] == "RUNNING"
+        assert str(read_json(paths.job_file)["job_id"]) == job_id
         subprocess.run(
             [sys.executable, "-m", "relax_hpc.cancel", str(run_dir)],
             check=True,
