@@ -14,7 +14,7 @@ import sys
 
 from relax_hpc.config import ConfigError, load_run_config, validate_run_config
 from relax_hpc.paths import RunPaths
-from relax_hpc.runtime import TaskIdentity
+from relax_hpc.runtime import TaskIdentity, stop_when_orphaned
 
 ROLES = ("trainer", "rollout")
 EXIT_CONFIG_ERROR = 2
@@ -40,6 +40,7 @@ def configure_logging(role: str, identity: TaskIdentity) -> None:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     identity = TaskIdentity.from_environ()
+    stop_when_orphaned()
     configure_logging(args.role, identity)
     paths = RunPaths(args.run_dir)
     try:

@@ -9,6 +9,9 @@ size and the attempt (job id + restart count) the task belongs to.
 from __future__ import annotations
 
 import os
+import signal
+import threading
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -52,3 +55,33 @@ class TaskIdentity:
                 launcher="slurm",
             )
         return cls(0, 1, 0, f"pid{os.getpid()}", 0, "none")
+
+
+# Set by relax_hpc.launch.local: the supervisor whose death must stop this task.
+SUPERVISOR_PID_VAR = f"{LOCAL_PREFIX}SUPERVISOR_PID"
+
+
+def stop_when_orphaned(
+    env: Mapping[str, str] | None = None, poll_s: float = 1.0
+) -> threading.Thread | None:
+    """Under the local supervisor, SIGTERM this task once the supervisor is gone.
+
+    Tasks run in sessions of their own (so that a terminal's Ctrl-C reaches only the
+    supervisor), so a supervisor killed outright (SIGKILL, the OOM killer) would leave them
+    running with nobody to stop them. SIGTERM is the ordinary stop request: the trainer
+    checkpoints at its next step boundary, rollout workers publish complete groups only.
+    Polls the parent pid (portable; ``prctl`` would be Linux only).
+    """
+    env = os.environ if env is None else env
+    if SUPERVISOR_PID_VAR not in env:
+        return None
+    supervisor = int(env[SUPERVISOR_PID_VAR])
+
+    def watch() -> None:
+        while os.getppid() == supervisor:
+            time.sleep(poll_s)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    thread = threading.Thread(target=watch, name="stop-when-orphaned", daemon=True)
+    thread.start()
+    return thread

@@ -116,8 +116,10 @@ def launch(cfg: RunConfig, paths: RunPaths, plan: JobPlan, kind: str) -> int:
         print(f"relax_hpc: running {plan.name} locally; logs in {paths.logs_dir}", file=sys.stderr)
         progress = ProgressReporter(paths, cfg.trainer.total_steps)
         try:
-            with hold_run_lock(paths, plan.run_lock_wait_s):
-                exit_code = LocalExecutor(plan, paths, on_tick=progress.tick).run()
+            with hold_run_lock(paths, plan.run_lock_wait_s) as lock_fd:
+                keep = (lock_fd,) if lock_fd is not None else ()
+                executor = LocalExecutor(plan, paths, on_tick=progress.tick, keep_fds=keep)
+                exit_code = executor.run()
         except RunInUse as err:
             print(f"relax_hpc: {err}", file=sys.stderr)
             return EXIT_IN_USE

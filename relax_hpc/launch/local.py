@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 from relax_hpc.launch.plan import JobPlan, RolePlan
 from relax_hpc.paths import RunPaths
-from relax_hpc.runtime import LOCAL_PREFIX
+from relax_hpc.runtime import LOCAL_PREFIX, SUPERVISOR_PID_VAR
 
 EXIT_CONFIG_ERROR = 2
 TAIL_LINES = 20
@@ -55,6 +55,7 @@ class LocalExecutor:
         poll_s: float = 0.2,
         stop_timeout_s: float = 120.0,
         on_tick: Callable[[], None] = lambda: None,
+        keep_fds: tuple[int, ...] = (),
     ) -> None:
         self.plan = plan
         self.paths = paths
@@ -62,6 +63,8 @@ class LocalExecutor:
         self.poll_s = poll_s
         self.stop_timeout_s = stop_timeout_s
         self.on_tick = on_tick  # called every poll while the tasks run (progress line)
+        # Inherited by every task: the run directory's lock stays held while any task lives.
+        self.keep_fds = keep_fds
         self.tasks: list[Task] = []
         self.interrupted: str | None = None
         self.watch = LocalWatch(paths)
@@ -130,6 +133,7 @@ class LocalExecutor:
                 f"{LOCAL_PREFIX}LOCAL_RANK": str(rank),
                 f"{LOCAL_PREFIX}JOB_ID": f"local-{os.getpid()}",
                 f"{LOCAL_PREFIX}RESTART_COUNT": str(restart_count),
+                SUPERVISOR_PID_VAR: str(os.getpid()),
                 "PYTHONUNBUFFERED": "1",
             }
         )
@@ -145,6 +149,7 @@ class LocalExecutor:
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
                 start_new_session=True,
+                pass_fds=self.keep_fds,
             )
         return Task(role.role, rank, process)
 

@@ -90,8 +90,11 @@ def lock_holder(paths: RunPaths) -> str | None:
 
 
 @contextlib.contextmanager
-def hold_run_lock(paths: RunPaths, wait_s: float, poll_s: float = 0.5) -> Iterator[None]:
-    """Hold the run's lock while the body runs; ``RunInUse`` after ``wait_s`` without it."""
+def hold_run_lock(paths: RunPaths, wait_s: float, poll_s: float = 0.5) -> Iterator[int | None]:
+    """Hold the run's lock while the body runs; ``RunInUse`` after ``wait_s`` without it.
+
+    Yields the locked descriptor (None where the filesystem cannot lock): children that
+    inherit it keep the lock held until they end too."""
     fd = _open_lock(paths)
     try:
         deadline = time.monotonic() + wait_s
@@ -107,7 +110,7 @@ def hold_run_lock(paths: RunPaths, wait_s: float, poll_s: float = 0.5) -> Iterat
             )
         else:
             record_owner(paths, job_id=None)
-        yield
+        yield fd if locked else None
     finally:
         os.close(fd)
 

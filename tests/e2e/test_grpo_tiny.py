@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -190,6 +191,49 @@ def test_sigkilled_trainer_resumes_from_the_last_checkpoint(tmp_path):
     }
     assert published, "keep_consumed should retain the consumed shards"
     assert not check_exactly_once(published | {s for step in surviving for s in step}, surviving)
+
+
+def is_running(pid: int) -> bool:
+    """Alive and not a zombie (an orphan's exit may wait for an init that never reaps)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def run_task_pids(run_dir) -> list[int]:
+    pattern = f"relax_hpc.component (trainer|rollout) --run-dir {run_dir}"
+    found = subprocess.run(["pgrep", "-f", pattern], capture_output=True, text=True, timeout=30)
+    return [int(pid) for pid in found.stdout.split()]
+
+
+def test_a_sigkilled_supervisor_leaves_no_task_behind(tmp_path):
+    """The local supervisor killed outright: its tasks (own sessions, so no terminal signal
+    reaches them) see it gone, stop as on SIGTERM (the trainer checkpoints first) and free
+    the run directory's lock, which they held with it."""
+    from relax_hpc.checkpoint.store import latest_checkpoint
+    from relax_hpc.launch.runlock import lock_holder
+
+    run_dir = tmp_path / "run"
+    overrides = ["trainer.total_steps=500", "rollout.eval_interval_steps=0"]
+    supervisor = subprocess.Popen(
+        submit_command(run_dir, *overrides), cwd=REPO, env=submit_env(), stderr=subprocess.PIPE
+    )
+    paths = RunPaths(run_dir)
+    wait_for_step(paths.status_dir / "trainer.json", 3, supervisor, timeout_s=600)
+    tasks = run_task_pids(run_dir)
+    assert len(tasks) == 2, tasks
+    supervisor.kill()
+    supervisor.communicate(timeout=60)
+    deadline = time.monotonic() + 180
+    while any(map(is_running, tasks)) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not any(map(is_running, tasks)), "orphaned tasks still running"
+    log = paths.task_log("trainer", 0).read_text()
+    stopped_at = int(log.split("trainer: stopping at step ")[1].split()[0])
+    assert "(SIGTERM)" in log and latest_checkpoint(paths).step == stopped_at
+    assert lock_holder(paths) is None
 
 
 def test_alerts_arrive_by_email_and_webhook(learned_run, smtp_sink, webhook_sink):
