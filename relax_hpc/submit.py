@@ -20,6 +20,7 @@ from relax_hpc.config import (
     validate_run_config,
     write_resolved_config,
 )
+from relax_hpc.config.relayout import refuse_relayout_of_new_run, relayout
 from relax_hpc.launch.cluster import resolve_cluster_kind
 from relax_hpc.launch.plan import JobPlan, build_job_plan, describe_plan
 from relax_hpc.launch.runlock import RunInUse, hold_run_lock, refuse_if_in_use
@@ -37,6 +38,8 @@ creates the run directory and launches the job (cluster=local|slurm|auto).
   prepare_only=true   create the run directory with config.yaml and job.sbatch, then stop
                       (submit it by hand: sbatch RUN_DIR/job.sbatch)
   run_dir=PATH        use (or resume) this run directory
+  relayout=true       resume run_dir's run with the trainer resources given now
+                      (trainer.nodes, .gpus_per_node, .processes_per_node, .parallel.*, ...)
   cluster=slurm       submit to Slurm; cluster=local runs the roles as local processes
 
 Experiments: see configs/experiment/ (default: grpo_tiny). Exit codes: 0 ok, 2 configuration
@@ -75,16 +78,22 @@ def prepare(overrides: list[str]) -> tuple[RunConfig, Path]:
     paths = RunPaths(run_dir)
     if paths.resolved_config.is_file():
         stored = load_run_config(paths.resolved_config)
-        requested = replace(stored, dry_run=cfg.dry_run, prepare_only=cfg.prepare_only)
-        if run_config_to_yaml(requested) != run_config_to_yaml(cfg):
+        changes: list[str] = []
+        if cfg.relayout:
+            stored, changes = relayout(stored, cfg)
+        flags = {"dry_run": cfg.dry_run, "prepare_only": cfg.prepare_only, "relayout": cfg.relayout}
+        if run_config_to_yaml(replace(stored, **flags)) != run_config_to_yaml(cfg):
+            moved = " other than the trainer's resources (relayout)" if cfg.relayout else ""
             print(
                 f"relax_hpc: {run_dir} already holds a run; resuming it with its own "
-                "config.yaml (command-line overrides that differ are ignored)",
+                f"config.yaml (command-line overrides{moved} that differ are ignored)",
                 file=sys.stderr,
             )
-        cfg = replace(
-            stored, dry_run=cfg.dry_run, prepare_only=cfg.prepare_only, run_dir=str(run_dir)
-        )
+        for change in changes:
+            print(f"relax_hpc: relayout: {change}", file=sys.stderr)
+        cfg = replace(stored, run_dir=str(run_dir), **flags)
+    elif cfg.relayout:
+        raise refuse_relayout_of_new_run(str(run_dir))
     validate_run_config(cfg, check_paths=not cfg.dry_run)
     return cfg, run_dir
 
@@ -99,8 +108,12 @@ def write_run_directory(cfg: RunConfig, run_dir: Path, plan: JobPlan, script: st
             run_dir=str(run_dir),
             dry_run=False,
             prepare_only=False,
+            relayout=False,
             observe=replace(cfg.observe, alerts=alerts),
         )
+        write_resolved_config(stored, paths.resolved_config)
+    elif cfg.relayout:  # the stored config with the new trainer resources (prepare)
+        stored = replace(cfg, dry_run=False, prepare_only=False, relayout=False)
         write_resolved_config(stored, paths.resolved_config)
     atomic_write_text(paths.job_plan, plan.to_json() + "\n")
     atomic_write_text(paths.sbatch_script, script, mode=0o755)

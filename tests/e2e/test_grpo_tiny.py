@@ -236,6 +236,42 @@ def test_a_sigkilled_supervisor_leaves_no_task_behind(tmp_path):
     assert lock_holder(paths) is None
 
 
+def test_a_cancelled_run_resumes_on_fewer_trainer_processes(tmp_path):
+    """Two FSDP2 trainer ranks, cancelled (final checkpoint), then ``relayout=true`` onto one
+    process: the DCP checkpoint reshards, the run finishes, every sample trained once."""
+    from relax_hpc.cancel import request_cancel
+
+    run_dir = tmp_path / "run"
+    overrides = [
+        "trainer.total_steps=8",
+        "trainer.checkpoint_interval_steps=100",
+        "observe.audit_sample_ids=true",
+        "rollout.eval_interval_steps=0",
+    ]
+    first = subprocess.Popen(
+        submit_command(run_dir, *overrides, "trainer.processes_per_node=2"),
+        cwd=REPO,
+        env=submit_env(),
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    paths = RunPaths(run_dir)
+    wait_for_step(paths.status_dir / "trainer.json", 2, first, timeout_s=600)
+    request_cancel(run_dir)
+    _, stderr = first.communicate(timeout=300)
+    stopped_at = read_json(paths.status_dir / "trainer.json")["step"]
+    assert stopped_at < 8, stderr
+
+    second = submit(run_dir, "relayout=true", "trainer.processes_per_node=1", timeout_s=600)
+    assert second.returncode == 0, failure_report(second, run_dir)
+    assert "relayout: trainer.processes_per_node: 2 -> 1" in second.stderr
+    resumed = paths.task_log("trainer", 0).read_text().split("trainer rank 0/1 of job")[1]
+    assert f"(step {stopped_at})" in resumed and "step 8/8" in resumed
+    surviving = read_json(paths.status_dir / "consumed_sample_ids.json")
+    assert len(surviving) == 8
+    assert not check_exactly_once({s for step in surviving for s in step}, surviving)
+
+
 def test_alerts_arrive_by_email_and_webhook(learned_run, smtp_sink, webhook_sink):
     expected = ["started", "first training step done", "finished"]
     for sent in (smtp_sink.subjects(), webhook_sink.titles()):
