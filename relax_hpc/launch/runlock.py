@@ -109,19 +109,15 @@ def hold_run_lock(paths: RunPaths, wait_s: float, poll_s: float = 0.5) -> Iterat
                 file=sys.stderr,
             )
         else:
-            record_owner(paths, job_id=None)
+            record_owner(paths)
         yield fd if locked else None
     finally:
         os.close(fd)
 
 
-def record_owner(paths: RunPaths, job_id: str | None) -> None:
-    owner = {
-        "pid": os.getpid(),
-        "host": socket.gethostname(),
-        "job_id": job_id,
-        "since": time.time(),
-    }
+def record_owner(paths: RunPaths) -> None:
+    """This local supervisor as the holder (the batch script writes a Slurm job's record)."""
+    owner = {"pid": os.getpid(), "host": socket.gethostname(), "job_id": None, "since": time.time()}
     atomic_write_json(paths.root / RUN_OWNER_NAME, owner)
 
 

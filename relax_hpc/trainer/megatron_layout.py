@@ -11,9 +11,9 @@ Megatron's distributed optimizer writes its state in one of two formats
 
 Each checkpoint records its format and layout in ``relax_layout.json`` beside Megatron's
 files, so that a resume under a layout the format cannot serve stops with a message naming
-the fix, before Megatron reads a single shard (it would fail deep inside with a shape
-mismatch, or on a mismatched structure, silently load the wrong slices). The resume also
-reads with the format the checkpoint was written in, whatever the config says now.
+the fix before Megatron reads a single shard (instead of failing deep inside Megatron on a
+key or shape mismatch). The resume also reads with the format the checkpoint was written
+in, whatever the config says now.
 
 Pure data and checks: no megatron import.
 """
