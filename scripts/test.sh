@@ -26,7 +26,8 @@ bash scripts/check_gpu_stack.sh
 
 echo "relax_hpc test: pytest"
 set +e
-python -m pytest -q "$@"
+# One line per test file (not -q): the log shows which layers ran (unit, dist, e2e, slurm).
+python -m pytest "$@"
 rc=$?
 set -e
 if [ "$rc" -eq 5 ]; then
