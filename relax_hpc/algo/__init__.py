@@ -38,7 +38,6 @@ from relax_hpc.algo.advantages import (
 )
 from relax_hpc.algo.aggregation import aggregate, masked_mean, masked_sum, masked_whiten
 from relax_hpc.algo.api import actor_loss, compute_advantages, value_loss
-from relax_hpc.algo.config import AlgoConfig
 from relax_hpc.algo.distillation import opd_divergence, opd_loss_per_token, opd_shaped_advantages
 from relax_hpc.algo.kl import kl_penalty, reward_kl_penalty
 from relax_hpc.algo.losses import (
@@ -54,6 +53,7 @@ from relax_hpc.algo.losses import (
 )
 from relax_hpc.algo.registry import AdvantageInputs, AlgorithmSpec, resolve
 from relax_hpc.algo.tis import truncated_is_weights
+from relax_hpc.config.algo import AlgoConfig
 
 __all__ = [
     "AdvantageInputs",

@@ -19,12 +19,12 @@ import torch
 from torch import Tensor
 
 from relax_hpc.algo.aggregation import aggregate, masked_whiten
-from relax_hpc.algo.config import AlgoConfig
 from relax_hpc.algo.distillation import opd_loss_per_token, opd_shaped_advantages
 from relax_hpc.algo.kl import kl_penalty, reward_kl_penalty
 from relax_hpc.algo.losses import Metrics, clipped_value_loss
 from relax_hpc.algo.registry import AdvantageInputs, AlgorithmSpec, resolve
 from relax_hpc.algo.tis import truncated_is_weights
+from relax_hpc.config.algo import AlgoConfig
 
 
 def as_spec(algo: AlgorithmSpec | AlgoConfig) -> AlgorithmSpec:

@@ -19,7 +19,7 @@ from torch import Tensor
 
 from relax_hpc.algo import advantages as adv
 from relax_hpc.algo import losses
-from relax_hpc.algo.config import GROUP_ESTIMATORS, AlgoConfig
+from relax_hpc.config.algo import GROUP_ESTIMATORS, AlgoConfig
 
 
 @dataclass(frozen=True)

@@ -14,9 +14,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from relax_hpc.algo.config import AlgoConfig
-from relax_hpc.spool.config import SpoolConfig
-from relax_hpc.weightsync.config import WeightSyncConfig
+from relax_hpc.config.algo import AlgoConfig
+from relax_hpc.config.spool import SpoolConfig
+from relax_hpc.config.weightsync import WeightSyncConfig
 
 MISSING: Any = "???"  # OmegaConf's marker for a required value
 

@@ -12,7 +12,7 @@ Works with POSIX rename/fsync semantics only (NFS, Lustre, GPFS); no file locks.
 Must not: import torch, Hydra, or the trainer/rollout packages.
 """
 
-from relax_hpc.spool.config import SpoolConfig
+from relax_hpc.config.spool import SpoolConfig
 from relax_hpc.spool.errors import ShardCorruptError, ShardVersionError, SpoolError, SpoolTimeout
 from relax_hpc.spool.format import SCHEMA_VERSION, ShardHeader, read_header, read_shard
 from relax_hpc.spool.invariants import check_exactly_once

@@ -38,8 +38,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from relax_hpc.config.spool import SpoolConfig
 from relax_hpc.paths import atomic_write_json, fsync_dir
-from relax_hpc.spool.config import SpoolConfig
 from relax_hpc.spool.errors import ShardCorruptError, SpoolTimeout
 from relax_hpc.spool.format import read_shard
 from relax_hpc.spool.layout import (

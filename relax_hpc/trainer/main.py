@@ -17,6 +17,7 @@ from relax_hpc.checkpoint.stateful import ModelAndOptimizer, OpaqueState, RngSta
 from relax_hpc.checkpoint.stop import StopFlag
 from relax_hpc.checkpoint.store import CheckpointStore, latest_checkpoint
 from relax_hpc.config import RunConfig
+from relax_hpc.config.weightsync import run_backend
 from relax_hpc.models.build import build_causal_lm, build_tokenizer, resolve_dtype
 from relax_hpc.observe.cost import step_cost_metrics
 from relax_hpc.observe.metrics import MetricsLogger
@@ -33,7 +34,6 @@ from relax_hpc.trainer.loop import (
 from relax_hpc.trainer.torch_backend import TorchModel, ValueHead, frozen_copy, shard_with_fsdp2
 from relax_hpc.trainer.update import Networks
 from relax_hpc.weightsync import make_weight_sender
-from relax_hpc.weightsync.config import run_backend
 
 log = logging.getLogger(__name__)
 HISTORY_SUMMARY_STEPS = 5  # steps averaged for the start and end of the reward curve

@@ -3,7 +3,7 @@
 The trainer pushes weights to rollout engines that run in other Slurm job steps; they
 meet only in the run directory. Modules, by responsibility:
 
-- ``config``: ``WeightSyncConfig``.
+- ``WeightSyncConfig`` lives in ``relax_hpc.config.weightsync`` (re-exported here).
 - ``rendezvous``: ``trainer.json`` / ``engines/*.json`` and the token proofs (what the
   token protects and what not is documented there).
 - ``protocol``: bucket layout, packing, checksums, manifest; no I/O.
@@ -18,7 +18,7 @@ meet only in the run directory. Modules, by responsibility:
 This package does not import ``trainer`` or ``rollout``; both import it.
 """
 
-from relax_hpc.weightsync.config import WeightSyncConfig
+from relax_hpc.config.weightsync import WeightSyncConfig
 from relax_hpc.weightsync.errors import (
     WeightSyncError,
     WeightSyncRefused,

@@ -59,9 +59,9 @@ from typing import Protocol
 import torch
 from torch._C._distributed_c10d import PrefixStore, ProcessGroupGloo, Store, TCPStore
 
+from relax_hpc.config.weightsync import WeightSyncConfig
 from relax_hpc.paths import RunPaths
 from relax_hpc.weightsync import protocol, rendezvous
-from relax_hpc.weightsync.config import WeightSyncConfig
 from relax_hpc.weightsync.errors import (
     WeightSyncError,
     WeightVerificationError,

@@ -29,9 +29,9 @@ from dataclasses import dataclass
 
 import torch
 
+from relax_hpc.config.weightsync import WeightSyncConfig
 from relax_hpc.paths import RunPaths
 from relax_hpc.weightsync import fs_export, protocol, rendezvous
-from relax_hpc.weightsync.config import WeightSyncConfig
 from relax_hpc.weightsync.errors import (
     WeightSyncRefused,
     WeightSyncTimeout,

@@ -34,9 +34,9 @@ from pathlib import Path
 
 import torch
 
+from relax_hpc.config.weightsync import WeightSyncConfig
 from relax_hpc.paths import RunPaths
 from relax_hpc.weightsync import fs_export, protocol, rendezvous
-from relax_hpc.weightsync.config import WeightSyncConfig
 from relax_hpc.weightsync.errors import WeightSyncTimeout
 from relax_hpc.weightsync.events import emit_event
 from relax_hpc.weightsync.group import (

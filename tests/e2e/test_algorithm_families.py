@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from e2e_helpers import failure_report, scalars, submit
 
-from relax_hpc.algo.config import ALGORITHM_NAMES
+from relax_hpc.config.algo import ALGORITHM_NAMES
 from relax_hpc.config.compose import compose_run_config
 from relax_hpc.models.build import build_causal_lm, build_tokenizer
 from relax_hpc.paths import RunPaths, read_json

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -71,10 +73,40 @@ def test_only_entry_points_import_launch_and_submit():
         assert users == [], f"{target} imported by {users}"
 
 
-@pytest.mark.parametrize("leaf", ["algo", "paths.py"])
+# Leaves, and the only modules of ours each may import besides its own.
+LEAVES = {
+    "paths.py": (),
+    "config": ("relax_hpc.paths",),
+    "algo": ("relax_hpc.config.algo",),  # its own config dataclass
+}
+
+
+def _within(name: str, prefix: str) -> bool:
+    return name == prefix or name.startswith(prefix + ".")
+
+
+@pytest.mark.parametrize("leaf", sorted(LEAVES))
 def test_leaves_import_nothing_of_ours(leaf):
     files = [PACKAGE / leaf] if leaf.endswith(".py") else modules_under(leaf)
+    own = f"relax_hpc.{leaf.removesuffix('.py')}"
     for path in files:
-        ours = {n for n in imported_modules(path) if n.startswith("relax_hpc")}
-        foreign = {n for n in ours if not n.startswith(f"relax_hpc.{leaf.removesuffix('.py')}")}
+        ours = {n for n in imported_modules(path) if _within(n, "relax_hpc")}
+        foreign = {
+            n for n in ours if not any(_within(n, p) for p in (own, *LEAVES[leaf]))
+        }
         assert not foreign, f"{path} imports {foreign}"
+
+
+def test_importing_the_config_loads_no_torch_and_nothing_else_of_ours():
+    """What a login node pays for ``import relax_hpc.config`` (checked in a fresh process)."""
+    probe = (
+        "import sys, relax_hpc.config; "
+        "print(' '.join(sorted(m for m in sys.modules "
+        "if m.split('.')[0] in ('torch', 'h5py', 'relax_hpc'))))"
+    )
+    loaded = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, check=True
+    ).stdout.split()
+    assert not [m for m in loaded if not m.startswith("relax_hpc")], loaded
+    ours = [m for m in loaded if m != "relax_hpc"]
+    assert all(_within(m, "relax_hpc.config") or m == "relax_hpc.paths" for m in ours), ours

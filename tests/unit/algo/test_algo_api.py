@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from relax_hpc.algo import AlgoConfig, actor_loss, compute_advantages, resolve, value_loss
-from relax_hpc.algo.config import ALGORITHM_NAMES
+from relax_hpc.config.algo import ALGORITHM_NAMES
 
 SEEDS = [0, 1]
 

@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 
 from relax_hpc.algo import AlgoConfig, actor_loss, compute_advantages, losses, resolve
 from relax_hpc.algo.aggregation import aggregate
-from relax_hpc.algo.config import ALGORITHM_NAMES, LOSS_AGG_MODES
+from relax_hpc.config.algo import ALGORITHM_NAMES, LOSS_AGG_MODES
 
 SETTINGS = settings(max_examples=25, deadline=None)
 seeds = st.integers(0, 2**31 - 1)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from relax_hpc.config.weightsync import run_backend
 from relax_hpc.paths import RunPaths
 from relax_hpc.rollout.engines.sglang_adapter import SGLangCallFailed
 from relax_hpc.rollout.engines.sglang_engine import SGLangEngine
@@ -19,7 +20,6 @@ from relax_hpc.weightsync import (
     make_weight_sender,
     protocol,
 )
-from relax_hpc.weightsync.config import run_backend
 from relax_hpc.weightsync.per_tensor import GroupEndpoint, tensor_checksum
 
 
