@@ -14,6 +14,7 @@ import sys
 import time
 from pathlib import Path
 
+from relax_hpc import exitcodes
 from relax_hpc.paths import RunPaths, atomic_write_json
 
 
@@ -34,7 +35,7 @@ def main(argv: list[str] | None = None) -> int:
         path = request_cancel(args.run_dir)
     except ValueError as err:
         print(f"relax_hpc cancel: {err}", file=sys.stderr)
-        return 2
+        return exitcodes.CONFIG_ERROR
     print(
         f"relax_hpc cancel: requested ({path}); the trainer checkpoints at its next step and stops"
     )

@@ -2,8 +2,9 @@
 
 Slurm steps and the local executor start the same command; the role is an argument,
 never guessed from the environment. The step reads only the resolved config of the run
-directory. Exit codes: 0 done, 2 configuration error, 75 stopped with a checkpoint (the
-launcher requeues), anything else a crash (the launcher restarts from the last checkpoint).
+directory. Exit codes (``relax_hpc.exitcodes``): DONE, CONFIG_ERROR, STOPPED (with a
+checkpoint; the launcher requeues), anything else a crash (the launcher restarts from the
+last checkpoint).
 """
 
 from __future__ import annotations
@@ -12,12 +13,12 @@ import argparse
 import logging
 import sys
 
+from relax_hpc import exitcodes
 from relax_hpc.config import ConfigError, load_run_config, validate_run_config
 from relax_hpc.paths import RunPaths
 from relax_hpc.runtime import TaskIdentity, stop_when_orphaned
 
 ROLES = ("trainer", "rollout")
-EXIT_CONFIG_ERROR = 2
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -48,7 +49,7 @@ def main(argv: list[str] | None = None) -> int:
         validate_run_config(cfg, check_paths=True)
     except ConfigError as err:
         print(f"relax_hpc: config error: {err}", file=sys.stderr)
-        return EXIT_CONFIG_ERROR
+        return exitcodes.CONFIG_ERROR
     logging.getLogger(__name__).info(
         "%s rank %d/%d of job attempt %s (%s)",
         args.role,
@@ -61,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
         return run_role(args.role, cfg, paths, identity)
     except ConfigError as err:  # found only at run time, e.g. a checkpoint's layout
         print(f"relax_hpc: config error: {err}", file=sys.stderr)
-        return EXIT_CONFIG_ERROR
+        return exitcodes.CONFIG_ERROR
 
 
 def run_role(role: str, cfg, paths: RunPaths, identity: TaskIdentity) -> int:

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import torch
 
+from relax_hpc import exitcodes
 from relax_hpc.checkpoint.stateful import ModelAndOptimizer
 from relax_hpc.checkpoint.store import CheckpointStore, complete_checkpoints
 from relax_hpc.config import ConfigError, load_run_config
@@ -57,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
         out = export_checkpoint(args.run_dir, args.out, args.step)
     except (ValueError, ConfigError) as err:
         print(f"relax_hpc export: {err}", file=sys.stderr)
-        return 2
+        return exitcodes.CONFIG_ERROR
     print(f"relax_hpc export: wrote {out}")
     return 0
 

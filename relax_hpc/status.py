@@ -14,6 +14,7 @@ import sys
 import time
 from pathlib import Path
 
+from relax_hpc import exitcodes
 from relax_hpc.checkpoint.store import latest_checkpoint
 from relax_hpc.observe.cost import CostLedger, cost_so_far, describe_cost
 from relax_hpc.paths import RunPaths, read_json
@@ -121,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
         print("\n".join(status_lines(args.run_dir)))
     except ValueError as err:
         print(f"relax_hpc status: {err}", file=sys.stderr)
-        return 2
+        return exitcodes.CONFIG_ERROR
     return 0
 
 

@@ -12,6 +12,7 @@ from dataclasses import replace
 from datetime import datetime
 from pathlib import Path
 
+from relax_hpc import exitcodes
 from relax_hpc.config import (
     ConfigError,
     RunConfig,
@@ -46,8 +47,6 @@ Experiments: see configs/experiment/ (default: grpo_tiny). Exit codes: 0 ok, 2 c
 error, 3 the run directory is in use by another job.
 """
 
-EXIT_CONFIG_ERROR = 2
-EXIT_IN_USE = 3
 DEFAULT_EXPERIMENT = "grpo_tiny"  # the embedded default: trains on a laptop CPU in minutes
 
 
@@ -133,12 +132,13 @@ def launch(cfg: RunConfig, paths: RunPaths, plan: JobPlan, kind: str) -> int:
                 keep = (lock_fd,) if lock_fd is not None else ()
                 executor = LocalExecutor(plan, paths, on_tick=progress.tick, keep_fds=keep)
                 exit_code = executor.run()
+                assert executor.end is not None
         except RunInUse as err:
             print(f"relax_hpc: {err}", file=sys.stderr)
-            return EXIT_IN_USE
+            return exitcodes.RUN_IN_USE
         finally:
             progress.close()
-        print_summary(paths, exit_code)
+        print_summary(paths, executor.end)
         return exit_code
     from submitit.core.utils import FailedJobError
 
@@ -150,7 +150,7 @@ def launch(cfg: RunConfig, paths: RunPaths, plan: JobPlan, kind: str) -> int:
         print(
             f"relax_hpc: sbatch refused {paths.sbatch_script}:\n{str(err).strip()}", file=sys.stderr
         )
-        return 1
+        return exitcodes.FAILED
     print(f"relax_hpc: submitted Slurm job {job_id} for {paths.root}", file=sys.stderr)
     alert_submitted(cfg, paths, job_id)
     print(
@@ -179,7 +179,7 @@ def run(argv: list[str]) -> int:
         cfg, run_dir = prepare(with_default_experiment(argv))
     except ConfigError as err:
         print(f"relax_hpc: config error: {err}", file=sys.stderr)
-        return EXIT_CONFIG_ERROR
+        return exitcodes.CONFIG_ERROR
     kind, reason = resolve_cluster_kind(cfg.cluster.kind)
     print(f"relax_hpc: {reason}", file=sys.stderr)
     plan = build_job_plan(cfg, str(run_dir))
@@ -195,7 +195,7 @@ def run(argv: list[str]) -> int:
         refuse_if_in_use(RunPaths(run_dir))  # before anything in it is rewritten
     except RunInUse as err:
         print(f"relax_hpc: {err}", file=sys.stderr)
-        return EXIT_IN_USE
+        return exitcodes.RUN_IN_USE
     paths = write_run_directory(cfg, run_dir, plan, script)
     if cfg.prepare_only:
         print(f"relax_hpc: prepared {paths.root}; submit with: sbatch {paths.sbatch_script}")

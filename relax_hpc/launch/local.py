@@ -3,7 +3,8 @@
 The supervisor mirrors the sbatch script: one process per task, output to the same
 per-task log files, Ctrl-C / SIGTERM forwarded so that the trainer checkpoints, the other
 role stopped once one role ends, and a bounded number of automatic restarts when the
-trainer crashed (exit codes: 0 done, 2 config error, 75 checkpointed on request). The run
+trainer crashed. How each start ends is ``launch/outcome.py``'s decision, as in the batch
+script; here a signal to the supervisor is the user's stop request (no requeue). The run
 watcher (alerts, cost ledger) runs as a thread of this supervisor, never of a task.
 """
 
@@ -19,11 +20,12 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
+from relax_hpc import exitcodes
+from relax_hpc.launch.outcome import StartEnd, decide_end
 from relax_hpc.launch.plan import JobPlan, RolePlan
 from relax_hpc.paths import RunPaths
 from relax_hpc.runtime import LOCAL_PREFIX, SUPERVISOR_PID_VAR
 
-EXIT_CONFIG_ERROR = 2
 TAIL_LINES = 20
 
 
@@ -68,44 +70,45 @@ class LocalExecutor:
         self.tasks: list[Task] = []
         self.interrupted: str | None = None
         self.watch = LocalWatch(paths)
+        self.end: StartEnd | None = None  # how the last start ended
 
     # --- public --------------------------------------------------------------------------------
     def run(self) -> int:
         """Run until the trainer finishes; restart after a crash up to ``max_restarts``."""
         self._install_signal_forwarding()
-        for restart_count in range(self.plan.max_restarts + 1):
+        restart_count = 0
+        while True:
             self.watch.start(restart_count)
             trainer_rc = self._run_once(restart_count)
             self.watch.stop()
-            outcome = self._outcome(trainer_rc)
-            if outcome is not None:
-                self.watch.end(*outcome)
-                return trainer_rc
-            why = f"the trainer exited with {trainer_rc}"
+            self.end = self._decide(trainer_rc, restart_count)
+            self.watch.end(self.end.outcome, self.end.detail)
+            if not self.end.requeue:
+                if self.end.outcome == "failed":
+                    print(f"relax_hpc: giving up: {self.end.detail}", file=sys.stderr)
+                return self.end.exit_code
+            restart_count += 1
             print(
-                f"relax_hpc: {why}; restart {restart_count + 1} of "
-                f"{self.plan.max_restarts} from the last complete checkpoint",
+                f"relax_hpc: {self.end.detail}; restart {restart_count} of "
+                f"{self.plan.max_restarts}",
                 file=sys.stderr,
             )
-            if restart_count < self.plan.max_restarts:
-                self.watch.end("requeued", f"{why}; restarting from the last complete checkpoint")
-        print(f"relax_hpc: giving up after {self.plan.max_restarts} restarts", file=sys.stderr)
-        self.watch.end("failed", f"{why}; gave up after {self.plan.max_restarts} restarts")
-        return 1
 
-    def _outcome(self, trainer_rc: int) -> tuple[str, str] | None:
-        """How this attempt ends the run, or None when it is restarted."""
-        if trainer_rc == 0:
-            return "finished", "training complete"
-        if trainer_rc == EXIT_CONFIG_ERROR:
-            return "failed", "configuration error (trainer exit 2): fix config.yaml and rerun"
-        if self.interrupted or self._cancelled():
-            how = f"SIG{self.interrupted}" if self.interrupted else "python -m relax_hpc.cancel"
-            return "cancelled", f"stopped on request ({how}); trainer exit {trainer_rc}"
-        return None
-
-    def _cancelled(self) -> bool:
-        return self.paths.cancel_request.exists()
+    def _decide(self, trainer_rc: int, restart_count: int) -> StartEnd:
+        if self.interrupted:
+            cancelled_by = f"SIG{self.interrupted}"
+        elif self.paths.cancel_request.exists():
+            cancelled_by = "python -m relax_hpc.cancel"
+        else:
+            cancelled_by = None
+        return decide_end(
+            trainer_rc,
+            trainer_done=self.paths.trainer_done.exists(),
+            cancelled_by=cancelled_by,
+            signal=None,
+            restarts=restart_count,
+            max_restarts=self.plan.max_restarts,
+        )
 
     # --- one attempt ---------------------------------------------------------------------------
     def _run_once(self, restart_count: int) -> int:
@@ -115,13 +118,11 @@ class LocalExecutor:
             for rank in range(role.num_tasks)
         ]
         first = self._wait_for_first_exit()
-        if first.exit_code not in (0, 75) and not self.interrupted:
+        if first.exit_code not in (exitcodes.DONE, exitcodes.STOPPED) and not self.interrupted:
             self._report_crash(first)
         elif first.exit_code == 0:
             self._wait_for_role(first.role)  # like an srun step: it ends when all its tasks end
         self._stop_all(signal.SIGTERM)
-        if self.paths.trainer_done.exists():
-            return 0  # complete (final checkpoint and export written), whatever ended last
         return self._exit_code_of("trainer")
 
     def _start(self, role: RolePlan, rank: int, restart_count: int) -> Task:

@@ -19,8 +19,6 @@ from relax_hpc.config.schema import RunConfig
 from relax_hpc.config.validate import data_parallel_size
 
 COMPONENT_MODULE = "relax_hpc.component"
-# A component exits with this code to ask the batch script for a requeue (EX_TEMPFAIL).
-REQUEUE_EXIT_CODE = 75
 
 
 @dataclass(frozen=True)

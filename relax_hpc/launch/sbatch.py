@@ -2,8 +2,9 @@
 
 The script is meant to be read by the people who debug jobs with ``squeue``/``sacct``, so
 it is commented and flat: header options, environment, one ``srun`` per role, and a small
-supervisor that forwards signals, stops the other steps when one ends, and decides
-whether to requeue. The text is pinned by the golden files in ``sbatch/``.
+supervisor that forwards signals, stops the other steps when one ends, and acts on how
+the start ended (``launch/outcome.py`` decides; exit codes are ``relax_hpc.exitcodes``).
+The text is pinned by the golden files in ``sbatch/``.
 """
 
 from __future__ import annotations
@@ -11,15 +12,9 @@ from __future__ import annotations
 import shlex
 from dataclasses import replace
 
-from relax_hpc.launch.plan import REQUEUE_EXIT_CODE, JobPlan, RolePlan
-from relax_hpc.paths import (
-    BATCH_LOG_NAME,
-    CANCEL_REQUEST_NAME,
-    RUN_LOCK_NAME,
-    RUN_OWNER_NAME,
-    TRAINER_DONE_NAME,
-    task_log_name,
-)
+from relax_hpc import exitcodes
+from relax_hpc.launch.plan import JobPlan, RolePlan
+from relax_hpc.paths import BATCH_LOG_NAME, RUN_LOCK_NAME, RUN_OWNER_NAME, task_log_name
 
 ADVANCE_SIGNAL = "USR1"  # Slurm's warning before the time limit: checkpoint and requeue
 STOP_WAIT_S = 60  # a step asked to stop (USR1) gets this long before it is terminated
@@ -159,7 +154,7 @@ flock -w {lock_wait_s} -E 99 9; lock_rc=$?
 owner="$RELAX_HPC_RUN_DIR/{run_owner}"
 if [ "$lock_rc" = 99 ]; then
   echo "relax_hpc: $RELAX_HPC_RUN_DIR is in use by another job ($(cat "$owner" 2>/dev/null | tr -d '\\n')); this job stops and leaves the run alone" >&2
-  exit 3
+  exit {run_in_use}
 elif [ "$lock_rc" != 0 ]; then
   echo "relax_hpc: cannot lock $RELAX_HPC_RUN_DIR (no flock on this filesystem?); not guarding against a second job" >&2
 else
@@ -183,7 +178,7 @@ tell() {{  # tell OUTCOME DETAIL: the end-of-start alert
 end_job() {{ stop_watcher; tell "$1" "$2"; exit "$3"; }}  # end_job OUTCOME DETAIL EXIT_CODE
 if [ "$restarts" -gt {max_restarts} ]; then
   echo "relax_hpc: restarted $restarts times, more than cluster.max_restarts={max_restarts}; giving up" >&2
-  end_job failed "restarted $restarts times, more than cluster.max_restarts={max_restarts}" 1
+  end_job failed "restarted $restarts times, more than cluster.max_restarts={max_restarts}" {failed}
 fi
 {python} -m relax_hpc.observe.watch run "$RELAX_HPC_RUN_DIR" --job-id "$SLURM_JOB_ID" \\
   --restart "$restarts" >>"$watch_log" 2>&1 &
@@ -214,42 +209,18 @@ wait_step() {{ while kill -0 "$1" 2>/dev/null; do wait "$1" || true; done; wait 
 while all_alive; do sleep 5 & wait $! || true; done
 kill -s USR1 "${{step_pids[@]}}" 2>/dev/null || true
 
-# The trainer's exit decides how this start ends:
-# 0: training finished. 2: a configuration error, which a restart cannot fix.
-# {requeue_rc}: checkpointed on a signal or cancel request. Anything else: a crash; resume
-# from the last complete checkpoint. Restarts are bounded by cluster.max_restarts.
-decide() {{  # sets outcome, detail, exit_code and requeue
-  requeue=0; exit_code=0
-  if [ -e "$RELAX_HPC_RUN_DIR/{trainer_done}" ]; then
-    echo "relax_hpc: training complete (final checkpoint and export written)"
-    outcome=finished; detail="training complete"; return
-  fi
-  case "$trainer_rc" in
-    0) outcome=finished; detail="trainer exited with 0"; return ;;
-    2) outcome=failed; exit_code=2
-       detail="configuration error (trainer exit 2): fix the run's config.yaml, resubmit"; return ;;
-  esac
-  if [ -e "$RELAX_HPC_RUN_DIR/{cancel_request}" ]; then
-    echo "relax_hpc: stopped on request (python -m relax_hpc.cancel); not requeueing"
-    outcome=cancelled; detail="stopped on request (python -m relax_hpc.cancel)"; return
-  fi
-  if [ "$trainer_rc" = {requeue_rc} ]; then
-    detail="${{got_signal:-a stop request}}: the trainer checkpointed and exited with {requeue_rc}"
-  else
-    detail="the trainer exited with $trainer_rc${{got_signal:+ after $got_signal}}; resuming from the last complete checkpoint"
-  fi
-  if [ "$restarts" -ge {max_restarts} ]; then
-    echo "relax_hpc: trainer exited with $trainer_rc after $restarts restarts; not requeueing" >&2
-    outcome=failed; exit_code=1
-    detail="$detail; not requeued after $restarts restarts (cluster.max_restarts={max_restarts})"; return
-  fi
-  outcome=requeued; requeue=1
-}}
+# How this start ends is decided by relax_hpc/launch/outcome.py (the local executor runs
+# the same function): it prints outcome, detail, exit_code and requeue for this shell.
 for i in "${{!step_pids[@]}}"; do
   if [ "${{step_roles[$i]}}" = trainer ]; then wait_step "${{step_pids[$i]}}"; trainer_rc=$?; fi
 done
 echo "relax_hpc: trainer step exited with $trainer_rc"
-decide
+if ! decision=$({python} -m relax_hpc.launch.outcome "$RELAX_HPC_RUN_DIR" \\
+    --trainer-exit "$trainer_rc" --restarts "$restarts" --max-restarts {max_restarts} \\
+    --signal "$got_signal"); then
+  decision="outcome=failed exit_code={failed} requeue=0 detail='the end of this start could not be decided (python -m relax_hpc.launch.outcome failed); not requeueing'"
+fi
+eval "$decision"
 stop_watcher
 # Told now, while the other steps stop: a preemption's grace time may end before they do.
 tell "$outcome" "$detail" &
@@ -269,7 +240,7 @@ if [ "$requeue" = 1 ]; then
   # Slurm's own preemption (PreemptMode=REQUEUE) may have requeued it already: that is fine.
   if ! scontrol requeue "$SLURM_JOB_ID" \\
     && ! scontrol show job "$SLURM_JOB_ID" 2>/dev/null | grep -q "Restarts=$((restarts + 1))"; then
-    end_job failed "$detail; scontrol requeue failed" 1
+    end_job failed "$detail; scontrol requeue failed" {failed}
   fi
 fi
 exit "$exit_code"
@@ -290,6 +261,8 @@ def _body(plan: JobPlan) -> list[str]:
         run_lock=RUN_LOCK_NAME,
         run_owner=RUN_OWNER_NAME,
         lock_wait_s=plan.run_lock_wait_s,
+        run_in_use=exitcodes.RUN_IN_USE,
+        failed=exitcodes.FAILED,
     )
     lines += ["", supervisor]
     for index, role in enumerate(plan.roles):
@@ -302,10 +275,9 @@ def _body(plan: JobPlan) -> list[str]:
         "",
         _WAIT_AND_DECIDE.format(
             stop_wait_s=STOP_WAIT_S,
-            requeue_rc=REQUEUE_EXIT_CODE,
             max_restarts=plan.max_restarts,
-            cancel_request=CANCEL_REQUEST_NAME,
-            trainer_done=TRAINER_DONE_NAME,
+            python=python,
+            failed=exitcodes.FAILED,
         ),
     ]
     return lines

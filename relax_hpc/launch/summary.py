@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 
+from relax_hpc.launch.outcome import StartEnd
 from relax_hpc.paths import RunPaths, read_json
 
 
@@ -14,7 +15,7 @@ def _read(path):
         return None
 
 
-def summary_lines(paths: RunPaths, exit_code: int) -> list[str]:
+def summary_lines(paths: RunPaths, end: StartEnd) -> list[str]:
     lines = []
     done = _read(paths.trainer_done)
     trainer = _read(paths.status_dir / "trainer.json")
@@ -22,10 +23,10 @@ def summary_lines(paths: RunPaths, exit_code: int) -> list[str]:
     if done:
         lines.append(f"finished {done['step']} steps ({done['samples']} samples)")
     elif trainer:
-        state = (
-            "stopped with a checkpoint" if exit_code == 75 else f"ended with exit code {exit_code}"
+        lines.append(
+            f"{end.outcome} at step {trainer['step']} ({end.detail}); "
+            f"resume with run_dir={paths.root}"
         )
-        lines.append(f"{state} at step {trainer['step']}; resume with run_dir={paths.root}")
     if evals:
         first, last = evals[0], evals[-1]
         lines.append(
@@ -39,8 +40,8 @@ def summary_lines(paths: RunPaths, exit_code: int) -> list[str]:
     return lines
 
 
-def print_summary(paths: RunPaths, exit_code: int) -> None:
-    for line in summary_lines(paths, exit_code):
+def print_summary(paths: RunPaths, end: StartEnd) -> None:
+    for line in summary_lines(paths, end):
         print(f"relax_hpc: {line}", file=sys.stderr)
 
 

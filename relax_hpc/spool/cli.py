@@ -18,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
+from relax_hpc import exitcodes
 from relax_hpc.paths import RunPaths, read_json
 from relax_hpc.spool.errors import SpoolError
 from relax_hpc.spool.format import read_shard
@@ -210,7 +211,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     layout = SpoolLayout(RunPaths(args.run_dir).spool_dir)
     if not layout.spool_dir.is_dir():
         print(f"error: no spool at {layout.spool_dir}", file=sys.stderr)
-        return 2
+        return exitcodes.CONFIG_ERROR
     now_s = time.time()
     try:
         if args.command == "status":
@@ -226,10 +227,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         else:
             if not args.shards and not args.all:
                 print("error: name shards to requeue, or pass --all", file=sys.stderr)
-                return 2
+                return exitcodes.CONFIG_ERROR
             lines = [f"requeued {n}" for n in requeue(layout, None if args.all else args.shards)]
     except (SpoolError, ValueError) as error:
         print(f"error: {error}", file=sys.stderr)
-        return 1
+        return exitcodes.FAILED
     print("\n".join(lines))
     return 0

@@ -3,8 +3,9 @@
     next_batch -> train_step -> publish_weights -> maybe_checkpoint -> log -> check_stop
 
 ``policy_version`` N is the policy after N optimiser steps (version 0 = initial weights),
-so after step N the trainer publishes version N. Exit codes: 0 finished, 75 stopped with a
-checkpoint (signal or cancel request; the launcher requeues or the user resumes).
+so after step N the trainer publishes version N. Exit codes (``relax_hpc.exitcodes``): DONE
+finished, STOPPED stopped with a checkpoint (signal or cancel request; the launcher
+requeues or the user resumes).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import logging
 import time
 from dataclasses import dataclass, field
 
+from relax_hpc import exitcodes
 from relax_hpc.algo import AlgorithmSpec
 from relax_hpc.checkpoint.stop import StopFlag
 from relax_hpc.checkpoint.store import CheckpointStore
@@ -23,8 +25,6 @@ from relax_hpc.trainer.update import Networks, prepare_step, update_critic, upda
 
 log = logging.getLogger(__name__)
 
-EXIT_FINISHED = 0
-EXIT_STOPPED = 75
 BATCH_WAIT_S = 2.0  # how long one spool wait lasts before the stop flag is looked at again
 
 
@@ -106,7 +106,7 @@ class Trainer:
             if self.stop.agreed():
                 return self.stop_with_checkpoint()
         self.checkpoint()
-        return EXIT_FINISHED
+        return exitcodes.DONE
 
     # --- the phases ----------------------------------------------------------------------------
     def next_batch(self) -> list | None:
@@ -171,7 +171,7 @@ class Trainer:
     def stop_with_checkpoint(self) -> int:
         log.info("trainer: stopping at step %d (%s)", self.progress.step, self.stop.reason)
         self.checkpoint()
-        return EXIT_STOPPED
+        return exitcodes.STOPPED
 
     def log(self, step_metrics: dict[str, float]) -> None:
         metrics = {_tb_name(k): v for k, v in step_metrics.items()}

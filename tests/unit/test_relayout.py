@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from relax_hpc import submit
+from relax_hpc import exitcodes, submit
 from relax_hpc.config import load_run_config
 from relax_hpc.config.relayout import relayout
 from relax_hpc.config.schema import ClusterConfig, ParallelConfig, RunConfig, TrainerConfig
@@ -48,5 +48,5 @@ def test_submit_relayout_rewrites_the_stored_config(tmp_path, capsys):
 
 def test_relayout_of_a_new_run_directory_is_a_config_error(tmp_path, capsys):
     argv = ["+experiment=grpo_tiny", f"run_dir={tmp_path / 'new'}", "relayout=true"]
-    assert submit.run(argv) == submit.EXIT_CONFIG_ERROR
+    assert submit.run(argv) == exitcodes.CONFIG_ERROR
     assert "relayout: " in capsys.readouterr().err and not (tmp_path / "new").exists()

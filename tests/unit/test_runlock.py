@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from relax_hpc import submit
+from relax_hpc import exitcodes, submit
 from relax_hpc.launch.runlock import RunInUse, hold_run_lock, lock_holder, refuse_if_in_use
 from relax_hpc.paths import RunPaths
 
@@ -67,7 +67,7 @@ def test_submit_refuses_a_run_directory_in_use_and_rewrites_nothing(held, capsys
     paths, holder = held
     before = {p: p.stat().st_mtime_ns for p in (paths.sbatch_script, paths.job_plan)}
     argv = ["+experiment=grpo_tiny", f"run_dir={paths.root}", "cluster=local"]
-    assert submit.run(argv) == submit.EXIT_IN_USE
+    assert submit.run(argv) == exitcodes.RUN_IN_USE
     assert f"is in use by a local run (pid {holder.pid}" in capsys.readouterr().err
     assert {p: p.stat().st_mtime_ns for p in before} == before
     assert not list(Path(paths.logs_dir).glob("trainer-*.log"))  # nothing started

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 
+from relax_hpc.launch.outcome import StartEnd
 from relax_hpc.launch.summary import ProgressReporter, summary_lines
 from relax_hpc.paths import RunPaths, atomic_write_json
 
@@ -53,7 +54,7 @@ def test_summary_of_a_finished_run(tmp_path):
             ]
         },
     )
-    text = "\n".join(summary_lines(paths, 0))
+    text = "\n".join(summary_lines(paths, StartEnd("finished", "training complete", 0)))
     assert "finished 60 steps" in text and "33.0%" in text and "96.0%" in text
     assert "exported Hugging Face model: E" in text and "tensorboard --logdir" in text
 
@@ -61,4 +62,7 @@ def test_summary_of_a_finished_run(tmp_path):
 def test_summary_of_a_stopped_run_says_how_to_resume(tmp_path):
     paths = RunPaths(tmp_path).create()
     atomic_write_json(paths.status_dir / "trainer.json", {"step": 12, "metrics": {}})
-    assert any("resume with run_dir=" in line for line in summary_lines(paths, 75))
+    end = StartEnd("cancelled", "stopped on request (SIGINT); trainer exit 75", 0)
+    lines = summary_lines(paths, end)
+    assert any("cancelled at step 12 (stopped on request" in line for line in lines)
+    assert any("resume with run_dir=" in line for line in lines)

@@ -1,0 +1,92 @@
+"""How a start ends: one decision for the batch script and the local executor."""
+
+from __future__ import annotations
+
+import shlex
+import subprocess
+import sys
+
+import pytest
+
+from relax_hpc import exitcodes
+from relax_hpc.launch.outcome import decide_end
+from relax_hpc.launch.plan import build_job_plan
+from relax_hpc.launch.sbatch import render_sbatch
+from relax_hpc.paths import RunPaths, atomic_write_json
+
+
+def decide(trainer_exit: int, **facts):
+    defaults = {
+        "trainer_done": False,
+        "cancelled_by": None,
+        "signal": None,
+        "restarts": 0,
+        "max_restarts": 3,
+    }
+    return decide_end(trainer_exit, **{**defaults, **facts})
+
+
+@pytest.mark.parametrize(
+    ("trainer_exit", "facts", "outcome", "exit_code"),
+    [
+        (exitcodes.DONE, {}, "finished", exitcodes.DONE),
+        (-15, {"trainer_done": True}, "finished", exitcodes.DONE),  # killed after completing
+        (exitcodes.CONFIG_ERROR, {}, "failed", exitcodes.CONFIG_ERROR),
+        (exitcodes.CONFIG_ERROR, {"cancelled_by": "x"}, "failed", exitcodes.CONFIG_ERROR),
+        (exitcodes.STOPPED, {"cancelled_by": "python -m relax_hpc.cancel"}, "cancelled", 0),
+        (exitcodes.STOPPED, {"signal": "SIGUSR1"}, "requeued", exitcodes.DONE),
+        (13, {}, "requeued", exitcodes.DONE),
+        (13, {"restarts": 3}, "failed", exitcodes.FAILED),
+        (exitcodes.STOPPED, {"restarts": 3, "signal": "SIGTERM"}, "failed", exitcodes.FAILED),
+    ],
+)
+def test_the_decision_table(trainer_exit, facts, outcome, exit_code):
+    end = decide(trainer_exit, **facts)
+    assert (end.outcome, end.exit_code) == (outcome, exit_code)
+    assert end.requeue is (outcome == "requeued")
+
+
+def test_details_say_why():
+    assert "SIGUSR1: the trainer checkpointed" in decide(75, signal="SIGUSR1").detail
+    crashed = decide(-9, signal="SIGTERM", restarts=2, max_restarts=2).detail
+    assert "exited with -9 after SIGTERM" in crashed
+    assert "not requeued after 2 restarts (cluster.max_restarts=2)" in crashed
+
+
+def shell_decision(run_dir, *args: str) -> dict[str, str]:
+    """What the batch script gets: the command's assignments, evaluated by bash."""
+    command = (
+        f'eval "$({sys.executable} -m relax_hpc.launch.outcome {run_dir} {shlex.join(args)})"; '
+        'printf "%s\\n" "$outcome" "$exit_code" "$requeue" "$detail"'
+    )
+    result = subprocess.run(["bash", "-c", command], capture_output=True, text=True, check=True)
+    outcome, exit_code, requeue, detail = result.stdout.splitlines()
+    return {"outcome": outcome, "exit_code": exit_code, "requeue": requeue, "detail": detail}
+
+
+def test_the_batch_script_evaluates_the_same_decision(tmp_path):
+    paths = RunPaths(tmp_path).create()
+    common = ("--restarts", "1", "--max-restarts", "3")
+    preempted = shell_decision(tmp_path, "--trainer-exit", "75", "--signal", "SIGUSR1", *common)
+    assert preempted == {
+        "outcome": "requeued",
+        "exit_code": "0",
+        "requeue": "1",
+        "detail": decide(75, signal="SIGUSR1", restarts=1).detail,
+    }
+    atomic_write_json(paths.cancel_request, {})  # quotes and parentheses survive eval
+    cancelled = shell_decision(tmp_path, "--trainer-exit", "75", "--signal", "", *common)
+    assert cancelled["outcome"] == "cancelled" and cancelled["requeue"] == "0"
+    assert cancelled["detail"] == "stopped on request (python -m relax_hpc.cancel); trainer exit 75"
+    atomic_write_json(paths.trainer_done, {})
+    assert shell_decision(tmp_path, "--trainer-exit", "-9", *common)["outcome"] == "finished"
+
+
+def test_the_sbatch_script_asks_the_decision_and_spells_no_exit_code_itself(tmp_path):
+    from relax_hpc.config.compose import compose_run_config
+
+    cfg = compose_run_config(["+experiment=grpo_tiny", "cluster=slurm"])
+    script = render_sbatch(build_job_plan(cfg, str(tmp_path)))
+    assert "-m relax_hpc.launch.outcome" in script and 'eval "$decision"' in script
+    assert "75" not in script and "case \"$trainer_rc\"" not in script
+    assert f"exit {exitcodes.RUN_IN_USE}\n" in script
