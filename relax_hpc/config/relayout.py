@@ -10,7 +10,7 @@ Trainer-side only. The rollout's prompt position is kept per rollout rank
 (``status/rollout-<rank>-progress.json``), so another count of rollout workers would hand
 out prompts twice or skip them: rollout keys are not moved. Checkpoints decide the rest:
 torch (FSDP2/DCP) checkpoints reshard over any trainer size; Megatron ones as their format
-allows (``trainer/megatron_layout.py``: the resume refuses what it cannot serve).
+allows (``trainer/megatron/layout.py``: the resume refuses what it cannot serve).
 """
 
 from __future__ import annotations

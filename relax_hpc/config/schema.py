@@ -24,7 +24,7 @@ MODES = ("sync", "hybrid", "async")
 MODALITIES = ("text", "vision", "audio", "omni")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 TRAINER_BACKENDS = ("torch", "megatron")
-# How Megatron's distributed optimizer writes checkpoints (trainer/megatron_layout.py).
+# How Megatron's distributed optimizer writes checkpoints (trainer/megatron/layout.py).
 MEGATRON_CHECKPOINT_FORMATS = ("dp_reshardable", "fully_reshardable")
 ROLLOUT_BACKENDS = ("transformers", "sglang")
 DATA_KINDS = ("jsonl", "parquet", "synthetic_addition")

@@ -91,7 +91,7 @@ def build_networks(cfg: RunConfig, device: torch.device, world_size: int):
     if spec.needs_teacher:
         teacher_net = _from_path_or_copy(cfg, cfg.model.teacher_path, None, tokenizer, dtype)
     if cfg.trainer.backend == "megatron":
-        from relax_hpc.trainer.megatron_backend import megatron_networks
+        from relax_hpc.trainer.megatron.backend import megatron_networks
 
         hf_networks = {
             "policy": policy_net,
@@ -236,7 +236,7 @@ def data_parallel_layout(cfg: RunConfig, identity: TaskIdentity) -> tuple[int, i
     parallel), Megatron's data-parallel group for megatron (a TP group trains the same rows)."""
     if cfg.trainer.backend != "megatron":
         return identity.rank, identity.world_size
-    from relax_hpc.trainer.megatron_wiring import data_parallel_layout as megatron_layout
+    from relax_hpc.trainer.megatron.wiring import data_parallel_layout as megatron_layout
 
     return megatron_layout()
 
@@ -246,7 +246,7 @@ def megatron_entries_to_save(cfg: RunConfig, nets: Networks, paths: RunPaths, st
     the critic); None for torch."""
     if cfg.trainer.backend != "megatron":
         return None
-    from relax_hpc.trainer.megatron_wiring import MegatronModelState
+    from relax_hpc.trainer.megatron.wiring import MegatronModelState
 
     return {
         role: MegatronModelState.for_save(model, paths, step, role)
@@ -258,7 +258,7 @@ def megatron_entries_to_save(cfg: RunConfig, nets: Networks, paths: RunPaths, st
 def megatron_entries_to_load(cfg: RunConfig, nets: Networks, checkpoint_path: Path):
     if cfg.trainer.backend != "megatron":
         return None
-    from relax_hpc.trainer.megatron_wiring import MegatronModelState
+    from relax_hpc.trainer.megatron.wiring import MegatronModelState
 
     return {
         role: MegatronModelState.for_load(model, checkpoint_path, role)
@@ -305,7 +305,7 @@ def export_policy(
     """The final policy as a Hugging Face folder (collective; rank 0 writes)."""
     leader = identity.rank == 0
     if cfg.trainer.backend == "megatron":
-        from relax_hpc.trainer import megatron_wiring
+        from relax_hpc.trainer.megatron import wiring as megatron_wiring
 
         megatron_wiring.export_policy(nets.policy, tokenizer, paths.export_dir, leader)
         return

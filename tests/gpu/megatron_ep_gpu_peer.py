@@ -21,8 +21,8 @@ def next_token_loss(model, input_ids: torch.Tensor) -> torch.Tensor:
 
 
 def run_ep_gpu_rank(rank: int, world_size: int, port: int, results) -> None:
-    from relax_hpc.trainer.megatron_backend import OptimizerSettings, megatron_model_from_hf
-    from relax_hpc.trainer.megatron_model import MegatronSettings
+    from relax_hpc.trainer.megatron.backend import OptimizerSettings, megatron_model_from_hf
+    from relax_hpc.trainer.megatron.model import MegatronSettings
 
     device = torch.device("cuda", rank)
     torch.cuda.set_device(device)

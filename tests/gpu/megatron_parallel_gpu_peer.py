@@ -17,7 +17,7 @@ from test_megatron_cpu import right_padded_batch  # noqa: E402
 
 
 def hf_logprobs(hf, batch, device) -> torch.Tensor:
-    from relax_hpc.trainer.megatron_backend import response_logprobs
+    from relax_hpc.trainer.megatron.backend import response_logprobs
 
     input_ids = batch.input_ids_BL.to(device)
     with torch.no_grad():
@@ -26,8 +26,8 @@ def hf_logprobs(hf, batch, device) -> torch.Tensor:
 
 
 def run_parallel_gpu_rank(rank: int, world_size: int, port: int, results, parallel: dict) -> None:
-    from relax_hpc.trainer.megatron_backend import OptimizerSettings, megatron_model_from_hf
-    from relax_hpc.trainer.megatron_model import MegatronSettings
+    from relax_hpc.trainer.megatron.backend import OptimizerSettings, megatron_model_from_hf
+    from relax_hpc.trainer.megatron.model import MegatronSettings
 
     device = torch.device("cuda", rank)
     torch.cuda.set_device(device)

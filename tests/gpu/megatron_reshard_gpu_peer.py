@@ -17,8 +17,8 @@ from test_megatron_cpu import right_padded_batch  # noqa: E402
 
 
 def _model(rank: int, world_size: int, tensor: int, seed: int):
-    from relax_hpc.trainer.megatron_backend import OptimizerSettings, megatron_model_from_hf
-    from relax_hpc.trainer.megatron_model import MegatronSettings
+    from relax_hpc.trainer.megatron.backend import OptimizerSettings, megatron_model_from_hf
+    from relax_hpc.trainer.megatron.model import MegatronSettings
 
     device = torch.device("cuda", rank)
     torch.cuda.set_device(device)

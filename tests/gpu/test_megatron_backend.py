@@ -32,7 +32,7 @@ def megatron_gpu():
     import torch.distributed as dist
     from megatron.core import parallel_state
 
-    from relax_hpc.trainer.megatron_model import MegatronSettings, initialize_model_parallel
+    from relax_hpc.trainer.megatron.model import MegatronSettings, initialize_model_parallel
 
     torch.cuda.set_device(CUDA)
     with socket.socket() as sock:
@@ -49,7 +49,7 @@ def megatron_gpu():
 
 
 def megatron_on_gpu(hf_model, settings, lr: float | None = 1e-2):
-    from relax_hpc.trainer.megatron_backend import OptimizerSettings, megatron_model_from_hf
+    from relax_hpc.trainer.megatron.backend import OptimizerSettings, megatron_model_from_hf
 
     optim = OptimizerSettings(lr=lr) if lr is not None else None
     return megatron_model_from_hf(hf_model, settings, CUDA, micro_batch_tokens=4096, optim=optim)

@@ -47,7 +47,7 @@ def test_trainer_and_rollout_never_import_each_other():
     [
         ("hydra", ("relax_hpc/submit.py", "relax_hpc/config/")),
         ("omegaconf", ("relax_hpc/submit.py", "relax_hpc/config/")),
-        ("megatron", ("relax_hpc/trainer/",)),
+        ("megatron", ("relax_hpc/trainer/megatron/",)),
         ("sglang", ("relax_hpc/rollout/",)),
     ],
 )

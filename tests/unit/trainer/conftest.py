@@ -15,7 +15,7 @@ def megatron_world():
     import torch.distributed as dist
     from megatron.core import parallel_state
 
-    from relax_hpc.trainer.megatron_model import MegatronSettings, initialize_model_parallel
+    from relax_hpc.trainer.megatron.model import MegatronSettings, initialize_model_parallel
 
     # megatron-core is a test dependency: a missing one fails here, never skips
     assert not dist.is_initialized(), "a process group from another test is still alive"

@@ -16,7 +16,7 @@ CPU = torch.device("cpu")
 
 
 def hf_outputs(hf, micro):
-    from relax_hpc.trainer.megatron_backend import response_logprobs
+    from relax_hpc.trainer.megatron.backend import response_logprobs
 
     logits = hf(input_ids=micro.input_ids_BL).logits.float()
     return response_logprobs(logits, micro.input_ids_BL, micro, True)
@@ -29,9 +29,9 @@ def objective(logprobs, entropy, micro):
 
 def run_cp_rank(rank: int, world_size: int, port: int, results) -> None:
     """Response log-probs and entropies on both ranks, and CP-averaged gradients, vs HF."""
-    from relax_hpc.trainer import megatron_mapping as mapping
-    from relax_hpc.trainer.megatron_backend import megatron_model_from_hf
-    from relax_hpc.trainer.megatron_model import MegatronSettings
+    from relax_hpc.trainer.megatron import mapping
+    from relax_hpc.trainer.megatron.backend import megatron_model_from_hf
+    from relax_hpc.trainer.megatron.model import MegatronSettings
 
     settings = MegatronSettings(context=world_size, dtype=torch.float32, on_cpu=True)
     with megatron_rank(rank, world_size, port, settings):

@@ -28,7 +28,7 @@ def hf_grads(hf, input_ids: torch.Tensor, weights: torch.Tensor) -> dict[str, to
 def expected_grads(hf, shape, spec_name, rank: int, weights: torch.Tensor) -> dict:
     """Megatron-named gradients rank ``rank`` must hold: its own loss for replicated tensors,
     both ranks' losses for the experts (tokens of every rank reach every expert)."""
-    from relax_hpc.trainer import megatron_mapping as mapping
+    from relax_hpc.trainer.megatron import mapping
 
     own = hf_grads(hf, rank_input(rank), weights)
     other = hf_grads(hf, rank_input(1 - rank), weights)
@@ -44,8 +44,8 @@ def run_ep_rank(rank: int, world_size: int, port: int, results) -> None:
     from megatron.core.transformer.moe import moe_utils
 
     moe_utils.te_general_gemm = None
-    from relax_hpc.trainer.megatron_backend import megatron_model_from_hf
-    from relax_hpc.trainer.megatron_model import MegatronSettings
+    from relax_hpc.trainer.megatron.backend import megatron_model_from_hf
+    from relax_hpc.trainer.megatron.model import MegatronSettings
 
     settings = MegatronSettings(expert=world_size, dtype=torch.float32, on_cpu=True)
     with megatron_rank(rank, world_size, port, settings):
@@ -79,7 +79,7 @@ def run_ep_rank(rank: int, world_size: int, port: int, results) -> None:
 
 
 def mapping_expert(name: str) -> int | None:
-    from relax_hpc.trainer import megatron_mapping as mapping
+    from relax_hpc.trainer.megatron import mapping
 
     parts = mapping.expert_of(name)
     return None if parts is None else parts[1]

@@ -81,7 +81,7 @@ def megatron_rank(rank: int, world_size: int, port: int, settings, backend: str 
     import torch.distributed as dist
     from megatron.core import parallel_state
 
-    from relax_hpc.trainer.megatron_model import initialize_model_parallel
+    from relax_hpc.trainer.megatron.model import initialize_model_parallel
 
     warnings.simplefilter("ignore")
     if backend == "gloo":

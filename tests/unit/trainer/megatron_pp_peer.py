@@ -19,7 +19,7 @@ BATCH, LENGTH = 2, 12
 
 
 def expected_stage_grads(hf, shape, spec_name, input_ids, weights, stage: int) -> dict:
-    from relax_hpc.trainer import megatron_mapping as mapping
+    from relax_hpc.trainer.megatron import mapping
 
     hf.zero_grad()
     (hf(input_ids=input_ids).logits * weights).sum().backward()
@@ -29,8 +29,8 @@ def expected_stage_grads(hf, shape, spec_name, input_ids, weights, stage: int) -
 
 def run_pp_rank(rank: int, world_size: int, port: int, results) -> None:
     """This stage's logits (last) or hidden states, its gradients, and the gathered export."""
-    from relax_hpc.trainer.megatron_backend import megatron_model_from_hf
-    from relax_hpc.trainer.megatron_model import MegatronSettings
+    from relax_hpc.trainer.megatron.backend import megatron_model_from_hf
+    from relax_hpc.trainer.megatron.model import MegatronSettings
 
     settings = MegatronSettings(pipeline=world_size, dtype=torch.float32, on_cpu=True)
     with megatron_rank(rank, world_size, port, settings):

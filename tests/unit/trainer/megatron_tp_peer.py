@@ -23,9 +23,9 @@ def sum_partial_grads_over_tp(gpt_model: torch.nn.Module) -> None:
 
 def run_tp_rank(rank: int, world_size: int, port: int, results) -> None:
     """Logits, gradients and gathered HF weights of this rank against the HF model."""
-    from relax_hpc.trainer import megatron_mapping as mapping
-    from relax_hpc.trainer.megatron_backend import megatron_model_from_hf
-    from relax_hpc.trainer.megatron_model import MegatronSettings
+    from relax_hpc.trainer.megatron import mapping
+    from relax_hpc.trainer.megatron.backend import megatron_model_from_hf
+    from relax_hpc.trainer.megatron.model import MegatronSettings
 
     settings = MegatronSettings(tensor=world_size, dtype=torch.float32, on_cpu=True)
     with megatron_rank(rank, world_size, port, settings):

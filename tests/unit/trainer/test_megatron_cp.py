@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from relax_hpc.trainer.megatron_cp import causal_mask_for_cp, cp_positions, split_for_cp
+from relax_hpc.trainer.megatron.cp import causal_mask_for_cp, cp_positions, split_for_cp
 
 
 @pytest.mark.parametrize(("length", "cp_size"), [(8, 2), (12, 2), (24, 3), (16, 4)])

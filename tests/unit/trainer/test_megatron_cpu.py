@@ -13,8 +13,8 @@ import pytest
 import torch
 from megatron_factories import run_ranks, tiny_qwen3, tiny_qwen3_moe
 
-from relax_hpc.trainer import megatron_mapping as mapping
 from relax_hpc.trainer.batch import TrainBatch
+from relax_hpc.trainer.megatron import mapping
 from relax_hpc.trainer.torch_backend import TorchModel
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning", "ignore::DeprecationWarning")
@@ -24,7 +24,7 @@ LOGIT_ATOL = 1e-4
 
 
 def megatron_copy(hf_model, settings, lr: float | None = None):
-    from relax_hpc.trainer.megatron_backend import OptimizerSettings, megatron_model_from_hf
+    from relax_hpc.trainer.megatron.backend import OptimizerSettings, megatron_model_from_hf
 
     optim = OptimizerSettings(lr=lr) if lr is not None else None
     return megatron_model_from_hf(hf_model, settings, CPU, micro_batch_tokens=64, optim=optim)
@@ -148,7 +148,7 @@ def test_hf_export_loads_with_transformers(megatron_world, tmp_path):
 
 def test_networks_from_the_trainer_config(megatron_world):
     from relax_hpc.config.schema import TrainerConfig
-    from relax_hpc.trainer.megatron_backend import megatron_networks
+    from relax_hpc.trainer.megatron.backend import megatron_networks
 
     hf = tiny_qwen3(False)
     trainer = TrainerConfig(backend="megatron", lr=1e-3, micro_batch_tokens=16)
@@ -166,7 +166,7 @@ def test_networks_from_the_trainer_config(megatron_world):
 @pytest.mark.parametrize("warmup_steps", [0, 3])
 def test_gpu_scheduler_follows_the_torch_backend_schedule(warmup_steps):
     """Megatron's OptimizerParamScheduler (driving a torch optimizer here) vs TorchModel's."""
-    from relax_hpc.trainer.megatron_optim import OptimizerSettings, warmup_scheduler
+    from relax_hpc.trainer.megatron.optim import OptimizerSettings, warmup_scheduler
     from relax_hpc.trainer.torch_backend import warmup_lambda
 
     optimizer = torch.optim.AdamW([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
@@ -182,7 +182,7 @@ def test_gpu_scheduler_follows_the_torch_backend_schedule(warmup_steps):
 def test_moe_under_tensor_parallelism_needs_sequence_parallelism():
     """Megatron's MoE layer refuses to train under TP without sequence parallelism, which
     needs Transformer Engine's norms: refused when the model is built, with the fix."""
-    from relax_hpc.trainer.megatron_model import MegatronSettings
+    from relax_hpc.trainer.megatron.model import MegatronSettings
 
     shape = mapping.Qwen3Shape.from_hf_config(tiny_qwen3_moe().config)
     with pytest.raises(ValueError, match="needs sequence parallelism"):
@@ -193,7 +193,7 @@ def test_moe_under_tensor_parallelism_needs_sequence_parallelism():
 def test_a_restored_scheduler_continues_where_the_saved_one_stopped():
     """OptimizerParamScheduler.load_state_dict adds the saved step count to its own, and a
     fresh warm-up scheduler has already taken one step."""
-    from relax_hpc.trainer.megatron_optim import (
+    from relax_hpc.trainer.megatron.optim import (
         OptimizerSettings,
         restore_scheduler,
         warmup_scheduler,
@@ -213,7 +213,7 @@ def test_a_restored_scheduler_continues_where_the_saved_one_stopped():
 
 
 def test_tensor_parallel_2_on_cpu_matches_hf():
-    """Two gloo processes, TP=2: each rank's shard (split by megatron_mapping) computes the
+    """Two gloo processes, TP=2: each rank's shard (split by megatron.mapping) computes the
     HF logits and HF gradients, and the gathered HF export is exact."""
     from megatron_tp_peer import run_tp_rank
 
@@ -273,7 +273,7 @@ def test_context_parallel_2_on_cpu_matches_hf():
 def test_critic_values_and_gradients_equal_the_torch_value_head(megatron_world):
     """The Megatron critic (GPTModel body, HF final norm, scalar head) against the torch
     backend's ``ValueHead`` on the same HF model, with the same (non-zero) head."""
-    from relax_hpc.trainer.megatron_backend import megatron_model_from_hf
+    from relax_hpc.trainer.megatron.backend import megatron_model_from_hf
     from relax_hpc.trainer.torch_backend import ValueHead
 
     hf = tiny_qwen3(True)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from relax_hpc.config.errors import ConfigError
-from relax_hpc.trainer.megatron_layout import (
+from relax_hpc.trainer.megatron.layout import (
     LAYOUT_FILE,
     CheckpointLayout,
     CheckpointLayoutError,

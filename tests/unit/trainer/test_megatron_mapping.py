@@ -8,7 +8,7 @@ import pytest
 import torch
 from megatron_factories import tiny_qwen3, tiny_qwen3_moe
 
-from relax_hpc.trainer import megatron_mapping as mapping
+from relax_hpc.trainer.megatron import mapping
 
 # megatron-core warns on import that Apex/Transformer Engine are absent: expected on CPU.
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning", "ignore::DeprecationWarning")
@@ -204,7 +204,7 @@ def test_unmapped_names_are_errors():
     ids=["dense", "tied", "moe"],
 )
 def test_names_and_shapes_match_a_real_gpt_model(megatron_world, model_factory):
-    from relax_hpc.trainer.megatron_model import build_gpt_model
+    from relax_hpc.trainer.megatron.model import build_gpt_model
 
     model = model_factory()
     gpt = build_gpt_model(model.config, megatron_world)

@@ -26,7 +26,7 @@ CFG = RunConfig(name="wiring", trainer=TrainerConfig(backend="megatron"))
 
 def megatron_nets(settings, seed: int = 0) -> Networks:
     """A trainable policy and critic (the critic's body from another HF model)."""
-    from relax_hpc.trainer.megatron_backend import OptimizerSettings, megatron_model_from_hf
+    from relax_hpc.trainer.megatron.backend import OptimizerSettings, megatron_model_from_hf
 
     optim = OptimizerSettings(lr=1e-2, warmup_steps=2)
     policy = megatron_model_from_hf(tiny_qwen3(False, seed), settings, CPU, 64, optim)
@@ -114,7 +114,7 @@ def test_update_splits_rows_by_the_data_parallel_group(megatron_world):
 def test_checkpoint_records_its_layout_and_refuses_one_it_cannot_serve(megatron_world, tmp_path):
     import json
 
-    from relax_hpc.trainer.megatron_layout import (
+    from relax_hpc.trainer.megatron.layout import (
         LAYOUT_FILE,
         CheckpointLayout,
         CheckpointLayoutError,

@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from relax_hpc.trainer.megatron_model import MegatronSettings
+from relax_hpc.trainer.megatron.model import MegatronSettings
 from relax_hpc.trainer.torch_backend import warmup_lambda
 
 

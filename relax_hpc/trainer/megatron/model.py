@@ -20,8 +20,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from relax_hpc.trainer import megatron_mapping as mapping
-from relax_hpc.trainer.megatron_cp import causal_mask_for_cp, cp_positions, gather_from_cp
+from relax_hpc.trainer.megatron import mapping
+from relax_hpc.trainer.megatron.cp import causal_mask_for_cp, cp_positions, gather_from_cp
 
 
 @dataclass(frozen=True)
@@ -35,7 +35,7 @@ class MegatronSettings:
     dtype: torch.dtype = torch.bfloat16
     recompute_layers: bool = False  # full recompute of every layer's activations
     on_cpu: bool = False
-    checkpoint_format: str = "dp_reshardable"  # see megatron_layout.py
+    checkpoint_format: str = "dp_reshardable"  # see layout.py
 
     def check_model(self, shape: mapping.Qwen3Shape) -> None:
         """EP needs a MoE model whose experts it divides; PP evenly divided layers; MoE under

@@ -12,7 +12,7 @@ from typing import Any
 
 from relax_hpc.checkpoint.store import PARTIAL_SUFFIX
 from relax_hpc.paths import RunPaths
-from relax_hpc.trainer.megatron_backend import MegatronModel
+from relax_hpc.trainer.megatron.backend import MegatronModel
 
 MEGATRON_SUBDIR = "megatron"  # the policy's Megatron checkpoint inside a step folder
 SUBDIRS = {"policy": MEGATRON_SUBDIR, "critic": "megatron_critic"}

@@ -28,22 +28,22 @@ from torch import Tensor
 
 from relax_hpc.algo import entropy_from_logits
 from relax_hpc.checkpoint.stateful import ModelAndOptimizer, OpaqueState
-from relax_hpc.trainer import megatron_mapping as mapping
 from relax_hpc.trainer.batch import (
     TrainBatch,
     gather_response,
     split_to_count,
     token_budget_chunks,
 )
-from relax_hpc.trainer.megatron_cp import gather_from_cp, split_for_cp
-from relax_hpc.trainer.megatron_critic import build_value_network
-from relax_hpc.trainer.megatron_layout import (
+from relax_hpc.trainer.megatron import mapping
+from relax_hpc.trainer.megatron.cp import gather_from_cp, split_for_cp
+from relax_hpc.trainer.megatron.critic import build_value_network
+from relax_hpc.trainer.megatron.layout import (
     CheckpointLayout,
     check_resumable,
     read_layout,
     write_layout,
 )
-from relax_hpc.trainer.megatron_model import (
+from relax_hpc.trainer.megatron.model import (
     MegatronSettings,
     build_gpt_model,
     gather_hf_state,
@@ -52,7 +52,7 @@ from relax_hpc.trainer.megatron_model import (
     load_hf_state,
     load_weights_checked,
 )
-from relax_hpc.trainer.megatron_optim import (
+from relax_hpc.trainer.megatron.optim import (
     OptimizerSettings,
     cpu_training_wrappers,
     megatron_training_wrappers,

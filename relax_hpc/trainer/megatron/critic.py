@@ -17,8 +17,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from relax_hpc.trainer import megatron_mapping as mapping
-from relax_hpc.trainer.megatron_model import (
+from relax_hpc.trainer.megatron import mapping
+from relax_hpc.trainer.megatron.model import (
     MegatronSettings,
     build_gpt_model,
     layer_spec_name,
