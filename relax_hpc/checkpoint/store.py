@@ -75,10 +75,15 @@ class CheckpointStore:
         self.rank = rank
         self.barrier = barrier
 
+    def partial_dir(self, step: int) -> Path:
+        """Where ``save`` writes step ``step`` before it is marked complete and renamed."""
+        final = self.paths.checkpoint_dir(step)
+        return final.with_name(final.name + PARTIAL_SUFFIX)
+
     def save(self, step: int, state: dict[str, Any], facts: dict[str, Any] | None = None) -> Path:
         """Collective: every rank calls it with its own ``state``. Returns the final path."""
         final = self.paths.checkpoint_dir(step)
-        partial = final.with_name(final.name + PARTIAL_SUFFIX)
+        partial = self.partial_dir(step)
         if self.rank == 0:
             shutil.rmtree(partial, ignore_errors=True)  # a crashed earlier attempt
             partial.mkdir(parents=True)

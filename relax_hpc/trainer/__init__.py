@@ -1,5 +1,6 @@
 """The trainer role: consumes groups from the spool, trains, publishes weights, checkpoints.
 
-Backends (``torch`` now; ``megatron`` on GPUs) sit behind one small interface
-(``relax_hpc.trainer.backend.PolicyBackend``). Must not import ``relax_hpc.rollout``.
+``main`` wires it, ``loop`` runs it, ``update`` is one step's arithmetic. Backends
+(``torch_backend``; ``megatron/`` on GPUs) sit behind one small interface
+(``backend.TrainerBackend`` and ``backend.Model``). Must not import ``relax_hpc.rollout``.
 """

@@ -114,6 +114,12 @@ def gather_response(
     return per_position_BLx.gather(1, positions)
 
 
+def concat_rows(parts: list[torch.Tensor], width: int) -> torch.Tensor:
+    """Rows of micro-batches, each trimmed to its own width, re-padded to ``width``."""
+    padded = [torch.nn.functional.pad(p, (0, width - p.shape[1])) for p in parts]
+    return torch.cat(padded, dim=0)
+
+
 def token_budget_chunks(batch: TrainBatch, micro_batch_tokens: int) -> list[list[int]]:
     """Consecutive row ranges whose padded size (rows x longest row) fits the budget.
 

@@ -13,15 +13,18 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from relax_hpc import exitcodes
 from relax_hpc.algo import AlgorithmSpec
+from relax_hpc.checkpoint.stateful import OpaqueState, RngState
 from relax_hpc.checkpoint.stop import StopFlag
-from relax_hpc.checkpoint.store import CheckpointStore
+from relax_hpc.checkpoint.store import CheckpointInfo, CheckpointStore
 from relax_hpc.observe.metrics import MetricsLogger, PhaseTimer
 from relax_hpc.spool import SpoolReader, SpoolTimeout
+from relax_hpc.trainer.backend import TrainerBackend
 from relax_hpc.trainer.batch import TrainBatch, collate
-from relax_hpc.trainer.update import Networks, prepare_step, update_critic, update_policy
+from relax_hpc.trainer.update import prepare_step, update_critic, update_policy
 
 log = logging.getLogger(__name__)
 
@@ -69,11 +72,10 @@ class Trainer:
         self,
         settings: LoopSettings,
         spec: AlgorithmSpec,
-        nets: Networks,
+        backend: TrainerBackend,  # its networks are built
         reader: SpoolReader | None,  # rank 0 only
         publish_weights,  # callable(policy_version) -> dict of metrics
         store: CheckpointStore,
-        checkpoint_state,  # callable() -> dict for DCP
         stop: StopFlag,
         metrics: MetricsLogger,
         broadcast_groups,  # callable(groups | None) -> groups, the same on every rank
@@ -81,17 +83,18 @@ class Trainer:
     ) -> None:
         self.settings = settings
         self.spec = spec
-        self.nets = nets
+        self.backend = backend
+        self.nets = backend.nets
         self.reader = reader
         self.publish_weights = publish_weights
         self.store = store
-        self.checkpoint_state = checkpoint_state
         self.stop = stop
         self.metrics = metrics
         self.broadcast_groups = broadcast_groups
         self.cost_metrics = cost_metrics
         self.progress = Progress()
         self.timer = PhaseTimer()
+        self.checkpointed_step: int | None = None  # the step of the newest checkpoint
 
     def run(self) -> int:
         while self.progress.step < self.settings.total_steps:
@@ -162,11 +165,31 @@ class Trainer:
             self.checkpoint()
 
     def checkpoint(self) -> None:
+        """Save this step, unless it is saved already (the last periodic checkpoint is
+        also the final one when ``total_steps`` is a multiple of the interval)."""
         step = self.progress.step
+        if step == self.checkpointed_step:
+            return
         with self.timer.phase("checkpoint"):
-            self.store.save(step, self.checkpoint_state(), facts={"policy_version": step})
+            state = self.checkpoint_state(self.store.partial_dir(step), saving=True)
+            self.store.save(step, state, facts={"policy_version": step})
             if self.reader is not None:
                 self.reader.on_checkpoint_complete(step)
+        self.checkpointed_step = step
+
+    def resume(self, info: CheckpointInfo) -> None:
+        """Load a complete checkpoint (before ``run``)."""
+        self.store.load(info, self.checkpoint_state(info.path, saving=False))
+        self.checkpointed_step = self.progress.step
+
+    def checkpoint_state(self, step_dir: Path, saving: bool) -> dict:
+        """``Stateful`` entries of a checkpoint: the loop's own (progress, RNG, the spool
+        ledger on rank 0) and the backend's (networks, optimisers, schedulers)."""
+        state = {"progress": OpaqueState(self.progress), "rng": OpaqueState(RngState())}
+        state.update(self.backend.checkpoint_entries(step_dir, saving))
+        if self.reader is not None:
+            state["spool"] = OpaqueState(self.reader)
+        return state
 
     def stop_with_checkpoint(self) -> int:
         log.info("trainer: stopping at step %d (%s)", self.progress.step, self.stop.reason)

@@ -1,29 +1,30 @@
 """Wiring of the trainer role: build everything from the resolved config, resume, run.
 
-Called by ``relax_hpc.component trainer``; returns the process exit code.
+Called by ``relax_hpc.component trainer``; returns the process exit code. Knows no
+backend: ``make_backend`` picks one (``trainer/backend.py``), everything else goes through
+its interface.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
-import os
-from pathlib import Path
 
 import torch
 
+from relax_hpc import exitcodes
 from relax_hpc.algo import resolve
-from relax_hpc.checkpoint.stateful import ModelAndOptimizer, OpaqueState, RngState
 from relax_hpc.checkpoint.stop import StopFlag
 from relax_hpc.checkpoint.store import CheckpointStore, latest_checkpoint
 from relax_hpc.config import RunConfig
 from relax_hpc.config.weightsync import run_backend
-from relax_hpc.models.build import build_causal_lm, build_tokenizer, resolve_dtype
+from relax_hpc.models.build import resolve_dtype
 from relax_hpc.observe.cost import step_cost_metrics
 from relax_hpc.observe.metrics import MetricsLogger
 from relax_hpc.paths import RunPaths, atomic_write_json
 from relax_hpc.runtime import TaskIdentity
 from relax_hpc.spool import SpoolReader
+from relax_hpc.trainer.backend import TrainerBackend, make_backend
 from relax_hpc.trainer.group import init_trainer_group
 from relax_hpc.trainer.loop import (
     LoopSettings,
@@ -31,37 +32,11 @@ from relax_hpc.trainer.loop import (
     sequential_broadcast,
     torch_broadcast_groups,
 )
-from relax_hpc.trainer.torch_backend import TorchModel, ValueHead, frozen_copy, shard_with_fsdp2
-from relax_hpc.trainer.update import Networks
+from relax_hpc.trainer.networks import hf_networks
 from relax_hpc.weightsync import make_weight_sender
 
 log = logging.getLogger(__name__)
 HISTORY_SUMMARY_STEPS = 5  # steps averaged for the start and end of the reward curve
-
-
-def cache_dir() -> Path:
-    return Path(os.environ.get("RELAX_HPC_CACHE_DIR", Path.home() / ".cache" / "relax_hpc"))
-
-
-def initial_model_config(cfg: RunConfig):
-    """The policy's starting point: the configured model, or its cached warm start."""
-    if not cfg.model.warm_start:
-        return cfg.model
-    from relax_hpc.models.warmstart import warm_start, warm_started_model_config
-
-    folder = warm_start(cfg.model, cfg.data, cache_dir())
-    return warm_started_model_config(cfg.model, folder)
-
-
-def _from_path_or_copy(cfg: RunConfig, path: str | None, initial, tokenizer, dtype):
-    """The model at ``path`` (reference, critic body, teacher), else a copy of ``initial``.
-
-    Models from a path share the policy's tokenizer: their vocabularies must match.
-    """
-    if path is None:
-        return frozen_copy(initial)
-    model_cfg = dataclasses.replace(cfg.model, path=path, tokenizer="auto", arch={})
-    return build_causal_lm(model_cfg, tokenizer, dtype)
 
 
 def make_sender(cfg: RunConfig, paths: RunPaths, device: torch.device, identity: TaskIdentity):
@@ -71,77 +46,14 @@ def make_sender(cfg: RunConfig, paths: RunPaths, device: torch.device, identity:
     return make_weight_sender(paths, weightsync, device, identity.attempt)
 
 
-def build_networks(cfg: RunConfig, device: torch.device, world_size: int):
+def build_backend(cfg: RunConfig, device: torch.device, identity: TaskIdentity):
+    """The algorithm, the policy's tokenizer and the backend with its networks built."""
     spec = resolve(cfg.algo)
-    model_cfg = initial_model_config(cfg)
-    tokenizer = build_tokenizer(model_cfg)
     dtype = resolve_dtype(cfg.model.dtype, device)
-    policy_net = build_causal_lm(model_cfg, tokenizer, dtype, seed=cfg.seed)
-    reference_net = (
-        _from_path_or_copy(cfg, cfg.model.reference_path, policy_net, tokenizer, dtype)
-        if spec.needs_reference
-        else None
-    )
-    critic_body = (  # the causal LM whose body the critic starts from
-        _from_path_or_copy(cfg, cfg.model.critic_path, policy_net, tokenizer, dtype)
-        if spec.needs_critic
-        else None
-    )
-    teacher_net = None
-    if spec.needs_teacher:
-        teacher_net = _from_path_or_copy(cfg, cfg.model.teacher_path, None, tokenizer, dtype)
-    if cfg.trainer.backend == "megatron":
-        from relax_hpc.trainer.megatron.backend import megatron_networks
-
-        hf_networks = {
-            "policy": policy_net,
-            "reference": reference_net,
-            "teacher": teacher_net,
-            "critic": critic_body,
-        }
-        return spec, tokenizer, megatron_networks(cfg.trainer, device, dtype, hf_networks)
-    critic_net = ValueHead(critic_body).to(dtype) if critic_body is not None else None
-    if world_size > 1:
-        policy_net = shard_with_fsdp2(policy_net)
-        critic_net = shard_with_fsdp2(critic_net) if critic_net is not None else None
-    t = cfg.trainer
-    common = {"device": device, "micro_batch_tokens": t.micro_batch_tokens}
-    nets = Networks(
-        policy=TorchModel(
-            policy_net,
-            lr=t.lr,
-            weight_decay=t.weight_decay,
-            warmup_steps=t.warmup_steps,
-            grad_clip=t.grad_clip,
-            **common,
-        ),
-        reference=TorchModel(reference_net, trainable=False, **common) if reference_net else None,
-        teacher=TorchModel(teacher_net, trainable=False, **common) if teacher_net else None,
-        critic=TorchModel(
-            critic_net, lr=t.critic_lr, warmup_steps=t.warmup_steps, grad_clip=t.grad_clip, **common
-        )
-        if critic_net
-        else None,
-    )
-    return spec, tokenizer, nets
-
-
-def full_policy_weights(policy: torch.nn.Module, world_size: int) -> dict[str, torch.Tensor]:
-    """HF-named tensors of the whole policy (collective under FSDP2; every rank calls it)."""
-    if world_size == 1:
-        return {k: v.detach() for k, v in policy.state_dict().items()}
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-
-    return get_model_state_dict(
-        policy, options=StateDictOptions(full_state_dict=True, cpu_offload=True)
-    )
-
-
-def policy_weights(cfg: RunConfig, nets: Networks, world_size: int) -> dict[str, torch.Tensor]:
-    """HF-named tensors of the whole policy for weight sync (collective; every rank calls it)."""
-    if cfg.trainer.backend == "megatron":
-        return nets.policy.hf_state_dict()
-    return full_policy_weights(nets.policy.network, world_size)
+    networks, tokenizer = hf_networks(cfg, spec, dtype)
+    backend = make_backend(cfg.trainer, device, dtype, identity.rank, identity.world_size)
+    backend.build_networks(networks)
+    return spec, tokenizer, backend
 
 
 def run_trainer(cfg: RunConfig, paths: RunPaths, identity: TaskIdentity) -> int:
@@ -157,7 +69,7 @@ def run_trainer(cfg: RunConfig, paths: RunPaths, identity: TaskIdentity) -> int:
     sender = make_sender(cfg, paths, device, identity) if leader else None
     if sender is not None:
         sender.start()  # before the model is built: rollout engines can register meanwhile
-    spec, tokenizer, nets = build_networks(cfg, device, identity.world_size)
+    spec, tokenizer, backend = build_backend(cfg, device, identity)
     reader = (
         SpoolReader(
             paths.spool_dir, dataclasses.replace(cfg.spool, max_staleness=cfg.max_staleness)
@@ -169,10 +81,9 @@ def run_trainer(cfg: RunConfig, paths: RunPaths, identity: TaskIdentity) -> int:
         paths.tensorboard_dir / "trainer" if leader else None,
         paths.status_dir / "trainer.json" if leader else None,
     )
-    store = CheckpointStore(paths, cfg.trainer.checkpoint_keep, identity.rank, _barrier(identity))
 
     def publish_weights(policy_version: int) -> dict[str, float]:
-        weights = policy_weights(cfg, nets, identity.world_size)
+        weights = backend.policy_weights()  # collective
         if sender is None:
             return {}
         report = sender.sync(weights, policy_version)
@@ -183,18 +94,12 @@ def run_trainer(cfg: RunConfig, paths: RunPaths, identity: TaskIdentity) -> int:
         }
 
     trainer = Trainer(
-        settings=_settings(cfg, tokenizer, identity),
+        settings=_settings(cfg, tokenizer, backend),
         spec=spec,
-        nets=nets,
+        backend=backend,
         reader=reader,
         publish_weights=publish_weights,
-        store=store,
-        checkpoint_state=lambda: _checkpoint_state(
-            nets,
-            trainer.progress,
-            reader,
-            megatron_entries_to_save(cfg, nets, paths, trainer.progress.step),
-        ),
+        store=CheckpointStore(paths, cfg.trainer.checkpoint_keep, identity.rank, _barrier(identity)),
         stop=stop,
         metrics=metrics,
         broadcast_groups=torch_broadcast_groups(identity.rank)
@@ -202,10 +107,11 @@ def run_trainer(cfg: RunConfig, paths: RunPaths, identity: TaskIdentity) -> int:
         else sequential_broadcast,
         cost_metrics=(lambda step: step_cost_metrics(paths, step)) if leader else lambda step: {},
     )
-    _resume_or_publish_initial(cfg, paths, store, trainer, nets, reader, publish_weights)
+    _resume_or_start(cfg, paths, trainer)
+    publish_weights(trainer.progress.policy_version)
     exit_code = trainer.run()
-    if exit_code == 0:
-        export_policy(cfg, paths, nets, tokenizer, identity)  # collective
+    if exit_code == exitcodes.DONE:
+        backend.export(paths.export_dir, tokenizer, is_writer=leader)  # collective
         if leader:
             _finish(paths, trainer)
     metrics.close()
@@ -214,8 +120,8 @@ def run_trainer(cfg: RunConfig, paths: RunPaths, identity: TaskIdentity) -> int:
     return exit_code
 
 
-def _settings(cfg: RunConfig, tokenizer, identity: TaskIdentity) -> LoopSettings:
-    rank, world_size = data_parallel_layout(cfg, identity)
+def _settings(cfg: RunConfig, tokenizer, backend: TrainerBackend) -> LoopSettings:
+    rank, world_size = backend.data_parallel_layout()
     return LoopSettings(
         total_steps=cfg.trainer.total_steps,
         prompts_per_step=cfg.rollout.prompts_per_step,
@@ -231,94 +137,22 @@ def _settings(cfg: RunConfig, tokenizer, identity: TaskIdentity) -> LoopSettings
     )
 
 
-def data_parallel_layout(cfg: RunConfig, identity: TaskIdentity) -> tuple[int, int]:
-    """(rank, world_size) the update splits rows by: every rank for torch (FSDP2 is pure data
-    parallel), Megatron's data-parallel group for megatron (a TP group trains the same rows)."""
-    if cfg.trainer.backend != "megatron":
-        return identity.rank, identity.world_size
-    from relax_hpc.trainer.megatron.wiring import data_parallel_layout as megatron_layout
+def _resume_or_start(cfg: RunConfig, paths: RunPaths, trainer: Trainer) -> None:
+    """Load the latest complete checkpoint (resume=auto).
 
-    return megatron_layout()
-
-
-def megatron_entries_to_save(cfg: RunConfig, nets: Networks, paths: RunPaths, step: int):
-    """The checkpoint entries Megatron writes itself (``MegatronModelState``: the policy and
-    the critic); None for torch."""
-    if cfg.trainer.backend != "megatron":
-        return None
-    from relax_hpc.trainer.megatron.wiring import MegatronModelState
-
-    return {
-        role: MegatronModelState.for_save(model, paths, step, role)
-        for role, model in (("policy", nets.policy), ("critic", nets.critic))
-        if model is not None
-    }
-
-
-def megatron_entries_to_load(cfg: RunConfig, nets: Networks, checkpoint_path: Path):
-    if cfg.trainer.backend != "megatron":
-        return None
-    from relax_hpc.trainer.megatron.wiring import MegatronModelState
-
-    return {
-        role: MegatronModelState.for_load(model, checkpoint_path, role)
-        for role, model in (("policy", nets.policy), ("critic", nets.critic))
-        if model is not None
-    }
-
-
-def _checkpoint_state(nets: Networks, progress, reader, megatron_entries=None) -> dict:
-    """Stateful entries of a checkpoint; ``megatron_entries`` from ``megatron_entries_to_*``
-    (Megatron's own checkpoints hold their optimisers and schedulers)."""
-    state = {"progress": OpaqueState(progress), "rng": OpaqueState(RngState())}
-    if megatron_entries is not None:
-        state.update(megatron_entries)
-    else:
-        state["policy"] = ModelAndOptimizer(nets.policy.network, nets.policy.optimizer)
-        state["scheduler"] = OpaqueState(nets.policy.scheduler)
-        if nets.critic is not None:
-            state["critic"] = ModelAndOptimizer(nets.critic.network, nets.critic.optimizer)
-    if reader is not None:
-        state["spool"] = OpaqueState(reader)
-    return state
-
-
-def _resume_or_publish_initial(cfg, paths, store, trainer, nets, reader, publish_weights) -> None:
-    """Load the latest complete checkpoint (resume=auto), then publish the current policy.
-
-    With no engine admitted yet, the sync falls back to ``weights/v<N>/``, where a
-    starting rollout engine loads it from.
+    The current policy is published next: with no engine admitted yet, the sync falls back
+    to ``weights/v<N>/``, where a starting rollout engine loads it from.
     """
     info = latest_checkpoint(paths) if cfg.resume == "auto" else None
     if info is None:
         log.info("trainer: starting from the initial policy (version 0)")
-    else:
-        megatron_entries = megatron_entries_to_load(cfg, nets, info.path)
-        store.load(info, _checkpoint_state(nets, trainer.progress, reader, megatron_entries))
-        log.info("trainer: resumed from %s (step %d)", info.path, info.step)
-    publish_weights(trainer.progress.policy_version)
-
-
-def export_policy(
-    cfg: RunConfig, paths: RunPaths, nets: Networks, tokenizer, identity: TaskIdentity
-) -> None:
-    """The final policy as a Hugging Face folder (collective; rank 0 writes)."""
-    leader = identity.rank == 0
-    if cfg.trainer.backend == "megatron":
-        from relax_hpc.trainer.megatron import wiring as megatron_wiring
-
-        megatron_wiring.export_policy(nets.policy, tokenizer, paths.export_dir, leader)
         return
-    weights = full_policy_weights(nets.policy.network, identity.world_size)
-    if leader:
-        nets.policy.network.save_pretrained(
-            paths.export_dir, state_dict=weights, safe_serialization=True
-        )
-        tokenizer.save_pretrained(paths.export_dir)
+    trainer.resume(info)
+    log.info("trainer: resumed from %s (step %d)", info.path, info.step)
 
 
 def _finish(paths: RunPaths, trainer: Trainer) -> None:
-    """Mark the run finished (after ``export_policy``): the summary and the audit."""
+    """Mark the run finished (after the export): the summary and the audit."""
     summary = {
         "step": trainer.progress.step,
         "samples": trainer.progress.samples,

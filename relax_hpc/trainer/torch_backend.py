@@ -1,40 +1,32 @@
 """The torch trainer backend: a transformers causal LM on CPU or GPU, FSDP2 when the
 trainer has several ranks (gloo on CPU, NCCL on GPU), AdamW with warm-up and clipping.
 
-It only knows how to compute per-token log-probs, entropies and values of a ``TrainBatch``
-and how to take an optimiser step on a loss; the algorithm is the ``relax_hpc.algo``
-spec handed in by the loop.
+``TorchModel`` is one network (the ``Model`` of ``trainer/backend.py``): per-token
+log-probs, entropies and values of a ``TrainBatch`` and an optimiser step on a loss; the
+algorithm is the ``relax_hpc.algo`` spec handed in by the loop. ``TorchBackend`` is the
+``TrainerBackend``: FSDP2 is pure data parallelism, so every rank is a data-parallel rank;
+checkpoints are plain DCP state of the models and optimisers.
 """
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import torch
-import torch.distributed as dist
 from torch import Tensor
 
 from relax_hpc.algo import entropy_from_logits
-from relax_hpc.trainer.batch import TrainBatch, gather_response, token_budget_chunks
-
-# (micro-batch index, [B, T] log-probs, [B, T] entropies) -> (loss, metrics)
-MicroLossFn = Callable[[int, Tensor, Tensor], tuple[Tensor, dict[str, Tensor]]]
-
-
-def sequential_forward_backward(
-    model: Any, micros: list[TrainBatch], temperature: float, loss_fn: MicroLossFn
-) -> list[dict[str, Tensor]]:
-    """Per micro-batch: ``model.token_logprobs`` (with entropies), ``loss_fn(index, logprobs,
-    entropy)``, backward. Every micro-batch's metrics, its loss under ``"loss"``."""
-    results = []
-    for index, micro in enumerate(micros):
-        logprobs, entropy = model.token_logprobs(micro, temperature, with_entropy=True)
-        loss, metrics = loss_fn(index, logprobs, entropy)
-        loss.backward()
-        results.append({"loss": loss.detach(), **metrics})
-    return results
+from relax_hpc.checkpoint.stateful import ModelAndOptimizer, OpaqueState, Stateful
+from relax_hpc.config.schema import TrainerConfig
+from relax_hpc.trainer.backend import (
+    HFNetworks,
+    MicroLossFn,
+    Networks,
+    sequential_forward_backward,
+)
+from relax_hpc.trainer.batch import TrainBatch, concat_rows, gather_response, token_budget_chunks
 
 
 def shard_with_fsdp2(model: torch.nn.Module) -> torch.nn.Module:
@@ -145,12 +137,12 @@ class TorchModel:
         parts = [
             self.token_logprobs(m, temperature, False)[0].cpu() for m in self.micro_batches(batch)
         ]
-        return _concat_rows(parts, batch.response_mask_BT.shape[1])
+        return concat_rows(parts, batch.response_mask_BT.shape[1])
 
     @torch.no_grad()
     def values(self, batch: TrainBatch) -> Tensor:
         parts = [self.token_values(m).cpu() for m in self.micro_batches(batch)]
-        return _concat_rows(parts, batch.response_mask_BT.shape[1])
+        return concat_rows(parts, batch.response_mask_BT.shape[1])
 
     def optimizer_step(self) -> dict[str, float]:
         """Clip, step, schedule; returns the pre-clip gradient norm and learning rate."""
@@ -169,21 +161,84 @@ class TorchModel:
         self.optimizer.zero_grad(set_to_none=True)
 
 
-def _concat_rows(parts: list[Tensor], width: int) -> Tensor:
-    """Rows of micro-batches trimmed to their own width, re-padded to ``width``."""
-    padded = [torch.nn.functional.pad(p, (0, width - p.shape[1])) for p in parts]
-    return torch.cat(padded, dim=0)
+def full_policy_weights(policy: torch.nn.Module, world_size: int) -> dict[str, Tensor]:
+    """HF-named tensors of the whole policy (collective under FSDP2; every rank calls it)."""
+    if world_size == 1:
+        return {k: v.detach() for k, v in policy.state_dict().items()}
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    return get_model_state_dict(
+        policy, options=StateDictOptions(full_state_dict=True, cpu_offload=True)
+    )
 
 
-def frozen_copy(network: torch.nn.Module) -> torch.nn.Module:
-    """A frozen copy (the reference policy is the initial policy)."""
-    return copy.deepcopy(network)
+class TorchBackend:
+    """``TrainerBackend`` of transformers models; FSDP2 over the trainer's ranks."""
 
+    def __init__(
+        self,
+        trainer: TrainerConfig,
+        device: torch.device,
+        dtype: torch.dtype,
+        rank: int,
+        world_size: int,
+    ) -> None:
+        self.trainer = trainer
+        self.device = device
+        self.dtype = dtype
+        self.rank = rank
+        self.world_size = world_size
+        self._nets: Networks | None = None
 
-def all_reduce_sum(value: float, group: dist.ProcessGroup | None, device: torch.device) -> float:
-    """Sum of ``value`` over the trainer's ranks (identity in a single process)."""
-    if not (dist.is_available() and dist.is_initialized()):
-        return value
-    tensor = torch.tensor([value], dtype=torch.float64, device=device)
-    dist.all_reduce(tensor, group=group)
-    return float(tensor.item())
+    @property
+    def nets(self) -> Networks:
+        assert self._nets is not None, "build_networks first"
+        return self._nets
+
+    def build_networks(self, hf: HFNetworks) -> Networks:
+        t = self.trainer
+        policy, critic = hf.policy, None
+        if hf.critic_body is not None:
+            critic = ValueHead(hf.critic_body).to(self.dtype)
+        if self.world_size > 1:
+            policy = shard_with_fsdp2(policy)
+            critic = shard_with_fsdp2(critic) if critic is not None else None
+        common = {"device": self.device, "micro_batch_tokens": t.micro_batch_tokens}
+        schedule = {"warmup_steps": t.warmup_steps, "grad_clip": t.grad_clip}
+
+        def frozen(network: torch.nn.Module | None) -> TorchModel | None:
+            return TorchModel(network, trainable=False, **common) if network else None
+
+        self._nets = Networks(
+            policy=TorchModel(policy, lr=t.lr, weight_decay=t.weight_decay, **schedule, **common),
+            reference=frozen(hf.reference),
+            teacher=frozen(hf.teacher),
+            critic=TorchModel(critic, lr=t.critic_lr, **schedule, **common) if critic else None,
+        )
+        return self._nets
+
+    def data_parallel_layout(self) -> tuple[int, int]:
+        return self.rank, self.world_size  # FSDP2 is pure data parallelism
+
+    def policy_weights(self) -> dict[str, Tensor]:
+        return full_policy_weights(self.nets.policy.network, self.world_size)
+
+    def checkpoint_entries(self, step_dir: Path, saving: bool) -> dict[str, Stateful]:
+        """Plain DCP state: written and read by ``CheckpointStore`` itself (``step_dir`` is
+        not needed)."""
+        policy, critic = self.nets.policy, self.nets.critic
+        entries: dict[str, Stateful] = {
+            "policy": ModelAndOptimizer(policy.network, policy.optimizer),
+            "scheduler": OpaqueState(policy.scheduler),
+        }
+        if critic is not None:
+            entries["critic"] = ModelAndOptimizer(critic.network, critic.optimizer)
+        return entries
+
+    def export(self, export_dir: Path, tokenizer: Any, is_writer: bool) -> None:
+        weights = self.policy_weights()
+        if is_writer:
+            self.nets.policy.network.save_pretrained(
+                export_dir, state_dict=weights, safe_serialization=True
+            )
+            tokenizer.save_pretrained(export_dir)

@@ -14,16 +14,8 @@ import torch
 from torch import Tensor
 
 from relax_hpc.algo import AlgorithmSpec, actor_loss, compute_advantages, value_loss
+from relax_hpc.trainer.backend import Model, Networks
 from relax_hpc.trainer.batch import TrainBatch
-from relax_hpc.trainer.torch_backend import TorchModel
-
-
-@dataclass
-class Networks:
-    policy: TorchModel
-    reference: TorchModel | None = None
-    teacher: TorchModel | None = None
-    critic: TorchModel | None = None
 
 
 @dataclass
@@ -103,7 +95,7 @@ def update_policy(
     spec: AlgorithmSpec,
     batch: TrainBatch,
     tensors: StepTensors,
-    policy: TorchModel,
+    policy: Model,
     plan: tuple[int, int, int, int],
     temperature: float,
 ) -> dict[str, float]:
@@ -174,7 +166,7 @@ def update_critic(
     spec: AlgorithmSpec,
     batch: TrainBatch,
     tensors: StepTensors,
-    critic: TorchModel,
+    critic: Model,
     plan: tuple[int, int, int, int],
 ) -> dict[str, float]:
     epochs, num_mini, rank, world = plan
@@ -208,7 +200,7 @@ def update_critic(
     return totals
 
 
-def _micro_rows(model: TorchModel, local: TrainBatch) -> list[Tensor]:
+def _micro_rows(model: Model, local: TrainBatch) -> list[Tensor]:
     return [torch.tensor(rows) for rows in model.micro_batch_rows(local)]
 
 

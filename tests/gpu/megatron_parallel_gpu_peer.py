@@ -12,12 +12,11 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "unit" / "trainer"))
 
-from megatron_factories import megatron_rank, tiny_qwen3  # noqa: E402
-from test_megatron_cpu import right_padded_batch  # noqa: E402
+from megatron_factories import megatron_rank, right_padded_batch, tiny_qwen3  # noqa: E402
 
 
 def hf_logprobs(hf, batch, device) -> torch.Tensor:
-    from relax_hpc.trainer.megatron.backend import response_logprobs
+    from relax_hpc.trainer.megatron.network import response_logprobs
 
     input_ids = batch.input_ids_BL.to(device)
     with torch.no_grad():

@@ -12,8 +12,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "unit" / "trainer"))
 
-from megatron_factories import megatron_rank, tiny_qwen3  # noqa: E402
-from test_megatron_cpu import right_padded_batch  # noqa: E402
+from megatron_factories import megatron_rank, right_padded_batch, tiny_qwen3  # noqa: E402
 
 
 def _model(rank: int, world_size: int, tensor: int, seed: int):

@@ -9,14 +9,13 @@ from __future__ import annotations
 
 import torch
 import torch.distributed as dist
-from megatron_factories import megatron_rank, tiny_qwen3
-from test_megatron_cpu import right_padded_batch
+from megatron_factories import megatron_rank, right_padded_batch, tiny_qwen3
 
 CPU = torch.device("cpu")
 
 
 def hf_outputs(hf, micro):
-    from relax_hpc.trainer.megatron.backend import response_logprobs
+    from relax_hpc.trainer.megatron.network import response_logprobs
 
     logits = hf(input_ids=micro.input_ids_BL).logits.float()
     return response_logprobs(logits, micro.input_ids_BL, micro, True)

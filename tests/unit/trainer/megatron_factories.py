@@ -1,4 +1,5 @@
-"""Tiny random Qwen3 / Qwen3-MoE models and the two-process harness of the Megatron tests."""
+"""Tiny random Qwen3 / Qwen3-MoE models, right-padded batches, and the two-process harness of
+the trainer tests."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ import warnings
 
 import torch
 from transformers import Qwen3Config, Qwen3ForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM
+
+from relax_hpc.trainer.batch import TrainBatch
 
 TINY_QWEN3 = {
     "vocab_size": 128,
@@ -44,6 +47,31 @@ def tiny_qwen3_moe(seed: int = 0, norm_topk_prob: bool = False) -> Qwen3MoeForCa
         norm_topk_prob=norm_topk_prob,
     )
     return Qwen3MoeForCausalLM(config).eval()
+
+
+def right_padded_batch(prompt_lens: list[int], response_lens: list[int], vocab: int) -> TrainBatch:
+    lengths = [p + r for p, r in zip(prompt_lens, response_lens, strict=True)]
+    batch, width = len(lengths), max(response_lens)
+    generator = torch.Generator().manual_seed(1)
+    input_ids = torch.randint(1, vocab, (batch, max(lengths)), generator=generator)
+    attention = torch.zeros_like(input_ids)
+    response_mask = torch.zeros(batch, width)
+    for row, (length, response) in enumerate(zip(lengths, response_lens, strict=True)):
+        input_ids[row, length:] = 0
+        attention[row, :length] = 1
+        response_mask[row, :response] = 1.0
+    return TrainBatch(
+        input_ids_BL=input_ids,
+        attention_mask_BL=attention,
+        prompt_len_B=torch.tensor(prompt_lens),
+        response_len_B=torch.tensor(response_lens),
+        response_mask_BT=response_mask,
+        rollout_logprobs_BT=torch.zeros(batch, width),
+        rewards_B=torch.zeros(batch),
+        group_index_B=torch.zeros(batch, dtype=torch.long),
+        policy_version_B=torch.zeros(batch, dtype=torch.long),
+        sample_ids=[f"s{row}" for row in range(batch)],
+    )
 
 
 def free_loopback_port() -> int:

@@ -11,9 +11,8 @@ import copy
 import megatron.core  # noqa: F401  (the test extra installs it: missing fails, never skips)
 import pytest
 import torch
-from megatron_factories import run_ranks, tiny_qwen3, tiny_qwen3_moe
+from megatron_factories import right_padded_batch, run_ranks, tiny_qwen3, tiny_qwen3_moe
 
-from relax_hpc.trainer.batch import TrainBatch
 from relax_hpc.trainer.megatron import mapping
 from relax_hpc.trainer.torch_backend import TorchModel
 
@@ -28,31 +27,6 @@ def megatron_copy(hf_model, settings, lr: float | None = None):
 
     optim = OptimizerSettings(lr=lr) if lr is not None else None
     return megatron_model_from_hf(hf_model, settings, CPU, micro_batch_tokens=64, optim=optim)
-
-
-def right_padded_batch(prompt_lens: list[int], response_lens: list[int], vocab: int) -> TrainBatch:
-    lengths = [p + r for p, r in zip(prompt_lens, response_lens, strict=True)]
-    batch, width = len(lengths), max(response_lens)
-    generator = torch.Generator().manual_seed(1)
-    input_ids = torch.randint(1, vocab, (batch, max(lengths)), generator=generator)
-    attention = torch.zeros_like(input_ids)
-    response_mask = torch.zeros(batch, width)
-    for row, (length, response) in enumerate(zip(lengths, response_lens, strict=True)):
-        input_ids[row, length:] = 0
-        attention[row, :length] = 1
-        response_mask[row, :response] = 1.0
-    return TrainBatch(
-        input_ids_BL=input_ids,
-        attention_mask_BL=attention,
-        prompt_len_B=torch.tensor(prompt_lens),
-        response_len_B=torch.tensor(response_lens),
-        response_mask_BT=response_mask,
-        rollout_logprobs_BT=torch.zeros(batch, width),
-        rewards_B=torch.zeros(batch),
-        group_index_B=torch.zeros(batch, dtype=torch.long),
-        policy_version_B=torch.zeros(batch, dtype=torch.long),
-        sample_ids=[f"s{row}" for row in range(batch)],
-    )
 
 
 @pytest.mark.parametrize("tie", [False, True], ids=["untied", "tied"])
@@ -148,12 +122,12 @@ def test_hf_export_loads_with_transformers(megatron_world, tmp_path):
 
 def test_networks_from_the_trainer_config(megatron_world):
     from relax_hpc.config.schema import TrainerConfig
-    from relax_hpc.trainer.megatron.backend import megatron_networks
+    from relax_hpc.trainer.backend import HFNetworks, make_backend
 
     hf = tiny_qwen3(False)
     trainer = TrainerConfig(backend="megatron", lr=1e-3, micro_batch_tokens=16)
-    hf_networks = {"policy": hf, "reference": copy.deepcopy(hf), "teacher": None}
-    nets = megatron_networks(trainer, CPU, torch.float32, hf_networks)
+    backend = make_backend(trainer, CPU, torch.float32, rank=0, world_size=1)
+    nets = backend.build_networks(HFNetworks(policy=hf, reference=copy.deepcopy(hf)))
     assert nets.policy.optimizer is not None and nets.reference.optimizer is None
     assert nets.teacher is None and nets.critic is None
     assert not any(p.requires_grad for p in nets.reference.network.parameters())

@@ -7,7 +7,8 @@ import torch
 
 from relax_hpc.config.compose import compose_run_config
 from relax_hpc.models.build import build_causal_lm, build_tokenizer
-from relax_hpc.trainer.main import build_networks
+from relax_hpc.runtime import TaskIdentity
+from relax_hpc.trainer.main import build_backend
 
 OVERRIDES = [
     "+experiment=grpo_tiny",
@@ -15,6 +16,11 @@ OVERRIDES = [
     "algo=ppo",
     "algo.kl_loss_coef=0.01",
 ]
+
+
+def build_networks(cfg):
+    identity = TaskIdentity(0, 1, 0, job_id="t", restart_count=0, launcher="none")
+    return build_backend(cfg, torch.device("cpu"), identity)[2].nets
 
 
 def _params(module: torch.nn.Module) -> list[torch.Tensor]:
@@ -37,7 +43,7 @@ def other_model_dir(tmp_path):
 
 def test_without_paths_reference_and_critic_start_as_the_policy():
     cfg = compose_run_config(OVERRIDES)
-    _, _, nets = build_networks(cfg, torch.device("cpu"), world_size=1)
+    nets = build_networks(cfg)
     policy = _params(nets.policy.network)
     assert _same(_params(nets.reference.network), policy)
     assert _same(_params(nets.critic.network.body), policy)
@@ -48,7 +54,7 @@ def test_paths_load_the_reference_and_the_critic_body(other_model_dir):
     cfg = compose_run_config(
         [*OVERRIDES, f"model.reference_path={folder}", f"model.critic_path={folder}"]
     )
-    _, _, nets = build_networks(cfg, torch.device("cpu"), world_size=1)
+    nets = build_networks(cfg)
     assert _same(_params(nets.reference.network), other)
     assert _same(_params(nets.critic.network.body), other)
     assert not _same(_params(nets.policy.network), other)

@@ -1,0 +1,62 @@
+"""The Hugging Face networks a run trains from, before any backend converts them.
+
+The policy starts from the configured model (or its cached warm start); the reference
+and the critic's body from their own paths, else from a copy of the policy; the teacher
+from its path. Which of them a run needs follows from the algorithm (``AlgorithmSpec``).
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from relax_hpc.algo import AlgorithmSpec
+from relax_hpc.config import ModelConfig, RunConfig
+from relax_hpc.models.build import build_causal_lm, build_tokenizer
+from relax_hpc.trainer.backend import HFNetworks
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("RELAX_HPC_CACHE_DIR", Path.home() / ".cache" / "relax_hpc"))
+
+
+def initial_model_config(cfg: RunConfig) -> ModelConfig:
+    """The policy's starting point: the configured model, or its cached warm start."""
+    if not cfg.model.warm_start:
+        return cfg.model
+    from relax_hpc.models.warmstart import warm_start, warm_started_model_config
+
+    folder = warm_start(cfg.model, cfg.data, cache_dir())
+    return warm_started_model_config(cfg.model, folder)
+
+
+def hf_networks(cfg: RunConfig, spec: AlgorithmSpec, dtype: torch.dtype) -> tuple[HFNetworks, Any]:
+    """The networks ``spec`` needs, and the policy's tokenizer (which every one shares)."""
+    model_cfg = initial_model_config(cfg)
+    tokenizer = build_tokenizer(model_cfg)
+    policy = build_causal_lm(model_cfg, tokenizer, dtype, seed=cfg.seed)
+
+    def from_path_or_copy(path: str | None, initial: torch.nn.Module | None):
+        """The model at ``path``, else a copy of ``initial``. Models from a path share the
+        policy's tokenizer: their vocabularies must match."""
+        if path is None:
+            return copy.deepcopy(initial)
+        path_cfg = dataclasses.replace(cfg.model, path=path, tokenizer="auto", arch={})
+        return build_causal_lm(path_cfg, tokenizer, dtype)
+
+    networks = HFNetworks(
+        policy=policy,
+        reference=from_path_or_copy(cfg.model.reference_path, policy)
+        if spec.needs_reference
+        else None,
+        teacher=from_path_or_copy(cfg.model.teacher_path, None) if spec.needs_teacher else None,
+        critic_body=from_path_or_copy(cfg.model.critic_path, policy)
+        if spec.needs_critic
+        else None,
+    )
+    return networks, tokenizer
