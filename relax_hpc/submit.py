@@ -2,13 +2,14 @@
 
 compose -> validate -> run directory -> resolved config -> job plan -> sbatch text -> launch.
 User errors (bad config, missing paths) print one line naming the field and exit with 2,
-without a traceback.
+without a traceback. How to submit (``dry_run``, ``prepare_only``, ``relayout``) is taken
+out of the command line before Hydra composes: it is never part of the run's config.
 """
 
 from __future__ import annotations
 
 import sys
-from dataclasses import replace
+from dataclasses import dataclass, fields, replace
 from datetime import datetime
 from pathlib import Path
 
@@ -48,6 +49,34 @@ error, 3 the run directory is in use by another job.
 """
 
 DEFAULT_EXPERIMENT = "grpo_tiny"  # the embedded default: trains on a laptop CPU in minutes
+BOOLEANS = {"true": True, "yes": True, "on": True, "1": True}
+BOOLEANS.update({"false": False, "no": False, "off": False, "0": False})
+
+
+@dataclass(frozen=True)
+class SubmitOptions:
+    """How this submission runs; what the job trains is the ``RunConfig``."""
+
+    dry_run: bool = False  # print the plan and the sbatch script; create and submit nothing
+    prepare_only: bool = False  # create the run directory and job.sbatch; submit by hand
+    relayout: bool = False  # resume an existing run on other trainer resources (relayout.py)
+
+
+def split_submit_options(argv: list[str]) -> tuple[SubmitOptions, list[str]]:
+    """``dry_run=true`` and the like out of ``argv``; the rest are Hydra overrides."""
+    names = {f.name for f in fields(SubmitOptions)}
+    options: dict[str, bool] = {}
+    overrides = []
+    for arg in argv:
+        key, equals, value = arg.partition("=")
+        name = key.lstrip("+")
+        if not equals or name not in names:
+            overrides.append(arg)
+        elif value.lower() in BOOLEANS:
+            options[name] = BOOLEANS[value.lower()]
+        else:
+            raise ConfigError(name, f"is a submit option; set it to true or false, got {value!r}")
+    return SubmitOptions(**options), overrides
 
 
 def with_default_experiment(argv: list[str]) -> list[str]:
@@ -68,7 +97,7 @@ def choose_run_dir(cfg: RunConfig, now: datetime | None = None) -> Path:
     return (Path(cfg.output_root).expanduser() / f"{cfg.name}-{stamp}").resolve()
 
 
-def prepare(overrides: list[str]) -> tuple[RunConfig, Path]:
+def prepare(overrides: list[str], options: SubmitOptions) -> tuple[RunConfig, Path]:
     """Compose and validate; a run directory that already has a config wins over overrides."""
     from relax_hpc.config.compose import compose_run_config
 
@@ -78,11 +107,10 @@ def prepare(overrides: list[str]) -> tuple[RunConfig, Path]:
     if paths.resolved_config.is_file():
         stored = load_run_config(paths.resolved_config)
         changes: list[str] = []
-        if cfg.relayout:
+        if options.relayout:
             stored, changes = relayout(stored, cfg)
-        flags = {"dry_run": cfg.dry_run, "prepare_only": cfg.prepare_only, "relayout": cfg.relayout}
-        if run_config_to_yaml(replace(stored, **flags)) != run_config_to_yaml(cfg):
-            moved = " other than the trainer's resources (relayout)" if cfg.relayout else ""
+        if run_config_to_yaml(stored) != run_config_to_yaml(cfg):
+            moved = " other than the trainer's resources (relayout)" if options.relayout else ""
             print(
                 f"relax_hpc: {run_dir} already holds a run; resuming it with its own "
                 f"config.yaml (command-line overrides{moved} that differ are ignored)",
@@ -90,30 +118,26 @@ def prepare(overrides: list[str]) -> tuple[RunConfig, Path]:
             )
         for change in changes:
             print(f"relax_hpc: relayout: {change}", file=sys.stderr)
-        cfg = replace(stored, run_dir=str(run_dir), **flags)
-    elif cfg.relayout:
+        cfg = replace(stored, run_dir=str(run_dir))
+    elif options.relayout:
         raise refuse_relayout_of_new_run(str(run_dir))
-    validate_run_config(cfg, check_paths=not cfg.dry_run)
+    validate_run_config(cfg, check_paths=not options.dry_run)
     return cfg, run_dir
 
 
-def write_run_directory(cfg: RunConfig, run_dir: Path, plan: JobPlan, script: str) -> RunPaths:
+def write_run_directory(
+    cfg: RunConfig, run_dir: Path, plan: JobPlan, script: str, options: SubmitOptions
+) -> RunPaths:
     paths = RunPaths(run_dir).create()
     paths.cancel_request.unlink(missing_ok=True)  # a new submission resumes a cancelled run
     if not paths.resolved_config.is_file():
         alerts = move_urls_to_secrets(cfg.observe.alerts, paths)  # secrets stay out of config.yaml
         stored = replace(
-            cfg,
-            run_dir=str(run_dir),
-            dry_run=False,
-            prepare_only=False,
-            relayout=False,
-            observe=replace(cfg.observe, alerts=alerts),
+            cfg, run_dir=str(run_dir), observe=replace(cfg.observe, alerts=alerts)
         )
         write_resolved_config(stored, paths.resolved_config)
-    elif cfg.relayout:  # the stored config with the new trainer resources (prepare)
-        stored = replace(cfg, dry_run=False, prepare_only=False, relayout=False)
-        write_resolved_config(stored, paths.resolved_config)
+    elif options.relayout:  # the stored config with the new trainer resources (prepare)
+        write_resolved_config(cfg, paths.resolved_config)
     atomic_write_text(paths.job_plan, plan.to_json() + "\n")
     atomic_write_text(paths.sbatch_script, script, mode=0o755)
     return paths
@@ -176,7 +200,8 @@ def run(argv: list[str]) -> int:
         print(USAGE, end="")
         return 0
     try:
-        cfg, run_dir = prepare(with_default_experiment(argv))
+        options, overrides = split_submit_options(argv)
+        cfg, run_dir = prepare(with_default_experiment(overrides), options)
     except ConfigError as err:
         print(f"relax_hpc: config error: {err}", file=sys.stderr)
         return exitcodes.CONFIG_ERROR
@@ -184,7 +209,7 @@ def run(argv: list[str]) -> int:
     print(f"relax_hpc: {reason}", file=sys.stderr)
     plan = build_job_plan(cfg, str(run_dir))
     script = render_sbatch(plan)
-    if cfg.dry_run:
+    if options.dry_run:
         print(describe_plan(plan))
         print(
             f"---- sbatch script ({kind} would {'submit' if kind == 'slurm' else 'run'} this plan) ----"
@@ -196,8 +221,8 @@ def run(argv: list[str]) -> int:
     except RunInUse as err:
         print(f"relax_hpc: {err}", file=sys.stderr)
         return exitcodes.RUN_IN_USE
-    paths = write_run_directory(cfg, run_dir, plan, script)
-    if cfg.prepare_only:
+    paths = write_run_directory(cfg, run_dir, plan, script, options)
+    if options.prepare_only:
         print(f"relax_hpc: prepared {paths.root}; submit with: sbatch {paths.sbatch_script}")
         return 0
     return launch(cfg, paths, plan, kind)

@@ -21,8 +21,12 @@ log = logging.getLogger(__name__)
 
 # Keys that earlier versions wrote and that no longer exist. A run submitted before an
 # upgrade, then requeued after it, must still load: these are dropped with a warning.
-# Any other unknown key is still an error.
+# Any other unknown key is still an error. The submit options (dry_run, ...) were fields
+# of RunConfig once; relax_hpc.submit takes them off the command line now.
 REMOVED_KEYS = (
+    "dry_run",
+    "prepare_only",
+    "relayout",
     "rollout.max_turns",
     "rollout.environment",
     "observe.tensorboard",
@@ -58,8 +62,8 @@ def load_run_config(path: Path | str) -> RunConfig:
 
 def _without_removed_keys(stored, path: Path):
     for dotted in REMOVED_KEYS:
-        section, key = dotted.rsplit(".", 1)
-        node = OmegaConf.select(stored, section)
+        section, _, key = dotted.rpartition(".")
+        node = OmegaConf.select(stored, section) if section else stored
         if node is not None and key in node:
             log.warning("config: %s (in %s) is no longer used; ignored", dotted, path)
             del node[key]

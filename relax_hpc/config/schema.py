@@ -202,9 +202,6 @@ class RunConfig:
     output_root: str = "runs"
     run_dir: str | None = None  # default: <output_root>/<name>-<timestamp>
     resume: str = "auto"  # auto = continue from the latest complete checkpoint | never
-    dry_run: bool = False  # print the plan and the sbatch script; create and submit nothing
-    prepare_only: bool = False  # create the run directory and job.sbatch; submit by hand
-    relayout: bool = False  # resume an existing run on other trainer resources (relayout.py)
     model: ModelConfig = field(default_factory=ModelConfig)
     algo: AlgoConfig = field(default_factory=AlgoConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)

@@ -122,7 +122,8 @@ def test_prepare_only_writes_the_run_directory_and_submits_nothing(tmp_path, cap
     assert submit.run(["+experiment=grpo_tiny", f"run_dir={run_dir}", "prepare_only=true"]) == 0
     paths = RunPaths(run_dir)
     stored = load_run_config(paths.resolved_config)
-    assert stored.run_dir == str(run_dir) and not stored.prepare_only
+    assert stored.run_dir == str(run_dir)
+    assert "\nprepare_only:" not in paths.resolved_config.read_text()  # how, not what, to run
     assert paths.sbatch_script.read_text().startswith("#!/bin/bash")
     assert "sbatch" in capsys.readouterr().out
     # A second submission into the same directory resumes it with the stored config.
@@ -148,3 +149,33 @@ def test_a_config_written_by_an_earlier_version_still_loads(tmp_path, caplog):
     path.write_text(text.replace("rollout:\n", "rollout:\n  max_turnz: 1\n", 1))
     with pytest.raises(ConfigError, match="max_turnz"):
         load_run_config(path)
+
+
+def test_submit_options_in_an_earlier_config_are_dropped(tmp_path, caplog):
+    """dry_run, prepare_only and relayout were RunConfig fields before they became options."""
+    from relax_hpc.config import load_run_config, run_config_to_yaml
+    from relax_hpc.config.compose import compose_run_config
+
+    text = run_config_to_yaml(compose_run_config(["+experiment=grpo_tiny"]))
+    path = tmp_path / "config.yaml"
+    path.write_text("dry_run: false\nprepare_only: true\nrelayout: false\n" + text)
+    assert load_run_config(path).name == "grpo_tiny"
+    assert all(f"config: {key} (in" in caplog.text for key in ("dry_run", "relayout"))
+    path.write_text("dry_runn: false\n" + text)
+    with pytest.raises(ConfigError, match="dry_runn"):
+        load_run_config(path)
+
+
+def test_submit_options_are_taken_off_the_command_line():
+    from relax_hpc.submit import SubmitOptions, split_submit_options
+
+    options, overrides = split_submit_options(
+        ["+experiment=grpo_tiny", "dry_run=true", "+relayout=True", "seed=3", "prepare_only=0"]
+    )
+    assert options == SubmitOptions(dry_run=True, prepare_only=False, relayout=True)
+    assert overrides == ["+experiment=grpo_tiny", "seed=3"]
+    with pytest.raises(ConfigError, match="dry_run: is a submit option; set it to true or false"):
+        split_submit_options(["dry_run=maybe"])
+    compose_run_config(overrides)  # what is left composes
+    with pytest.raises(ConfigError, match="dry_run"):
+        compose_run_config(["dry_run=true"])  # not a key of the run's config any more

@@ -37,7 +37,7 @@ def test_submit_relayout_rewrites_the_stored_config(tmp_path, capsys):
     assert "relayout: trainer.processes_per_node: 1 -> 2" in err and "are ignored" in err
     paths = RunPaths(run_dir)
     stored = load_run_config(paths.resolved_config)
-    assert stored.trainer.processes_per_node == 2 and not stored.relayout
+    assert stored.trainer.processes_per_node == 2
     assert stored.trainer.lr != 0.5
     trainer_plan = read_json(paths.job_plan)["roles"][0]
     assert trainer_plan["role"] == "trainer" and trainer_plan["tasks_per_node"] == 2
