@@ -1,8 +1,14 @@
-"""Every on-disk path of a run directory, in one place, plus the atomic-write helpers.
+"""Every on-disk path of a run directory, in one place, plus the file helpers they share.
 
 The run directory is the only contract between the job's components (trainer and
 rollout steps never import each other). Owning all of its paths here keeps the layout
-visible and lets a later version move things without hunting through the code.
+visible and lets a later version move things without hunting through the code. The
+inner layouts of ``spool/``, ``rendezvous/`` (weight sync), ``weights/v<N>/`` and of a
+checkpoint folder belong to the packages that own those folders. docs/architecture.md
+maps who writes and who reads each path (a test keeps it in step with ``RunPaths``).
+
+Helpers: ``atomic_write_*`` (temp name, fsync, rename), ``read_json``, ``fsync_file``,
+``fsync_dir`` and ``tail_text`` (the last lines of a log).
 
 Must not: import torch, Hydra, or anything else of ours.
 """
@@ -24,13 +30,22 @@ def _tmp_name(path: Path) -> Path:
     return path.with_name(path.name + suffix)
 
 
-def fsync_dir(directory: Path) -> None:
-    """Flush a directory entry (after a rename) so that the rename survives a crash."""
-    fd = os.open(directory, os.O_RDONLY)
+def _fsync_path(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def fsync_dir(directory: Path) -> None:
+    """Flush a directory entry (after a rename) so that the rename survives a crash."""
+    _fsync_path(directory)
+
+
+def fsync_file(path: Path) -> None:
+    """Flush a file written by someone else (h5py, safetensors) before it is renamed."""
+    _fsync_path(path)
 
 
 def atomic_write_bytes(path: Path | str, data: bytes, mode: int = 0o644) -> Path:
@@ -65,23 +80,47 @@ def atomic_write_json(path: Path | str, obj: Any, mode: int = 0o644) -> Path:
     return atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=True) + "\n", mode)
 
 
-def read_json(path: Path | str) -> Any:
-    return json.loads(Path(path).read_text(encoding="utf-8"))
+_REQUIRED = object()
+
+
+def read_json(path: Path | str, default: Any = _REQUIRED) -> Any:
+    """The JSON document at ``path``. With ``default``: that, when the file is missing or
+    not (yet) valid JSON, e.g. a status file before its writer's first update."""
+    try:
+        return json.loads(Path(path).read_text(encoding="utf-8"))
+    except (FileNotFoundError, ValueError):
+        if default is _REQUIRED:
+            raise
+        return default
+
+
+def tail_text(path: Path | str, lines: int) -> str:
+    """The last ``lines`` lines of a text file (a log), or a note that there is none."""
+    try:
+        with open(path, encoding="utf-8", errors="replace") as handle:
+            return "".join(handle.readlines()[-lines:])
+    except OSError:
+        return "(no log)\n"
 
 
 LOGS_SUBDIR = "logs"
-CANCEL_REQUEST_NAME = "control/cancel"  # run-dir-relative; the batch script checks it too
 # Held (flock) by the one start running in a run directory, and who holds it (runlock.py).
 RUN_LOCK_NAME = "control/run.lock"
 RUN_OWNER_NAME = "control/run.owner.json"
-# Written by the trainer after its final checkpoint and export: the run is complete.
-TRAINER_DONE_NAME = "status/trainer_done.json"
-BATCH_LOG_NAME = f"{LOGS_SUBDIR}/batch-%j.log"  # %j: Slurm's job id (the hetjob leader's)
+WATCH_LOG_NAME = f"{LOGS_SUBDIR}/watch.log"  # the run watcher's output (batch script)
 
 
 def task_log_name(role: str, task: int | str) -> str:
     """Run-dir-relative log of one task; ``task`` may be Slurm's ``%t`` pattern."""
     return f"{LOGS_SUBDIR}/{role}-{task}.log"
+
+
+def batch_log_name(job_id: str) -> str:
+    """Run-dir-relative log of a Slurm job's batch script; ``job_id`` may be ``%j``."""
+    return f"{LOGS_SUBDIR}/batch-{job_id}.log"
+
+
+BATCH_LOG_NAME = batch_log_name("%j")  # %j: Slurm's job id (the hetjob leader's)
 
 
 @dataclass(frozen=True)
@@ -113,6 +152,11 @@ class RunPaths:
         return self.root / "job.json"
 
     @property
+    def submitit_dir(self) -> Path:
+        """Where submitit writes the submission file before ``sbatch`` (Slurm only)."""
+        return self.root / "submitit"
+
+    @property
     def control_dir(self) -> Path:
         """Operator requests (cancel, drain) as flag files."""
         return self.root / "control"
@@ -120,7 +164,17 @@ class RunPaths:
     @property
     def cancel_request(self) -> Path:
         """Present when an operator asked for a clean stop (``relax_hpc.cancel``)."""
-        return self.root / CANCEL_REQUEST_NAME
+        return self.control_dir / "cancel"
+
+    @property
+    def run_lock(self) -> Path:
+        """``flock``-ed by the one start running in this directory (``launch/runlock.py``)."""
+        return self.root / RUN_LOCK_NAME
+
+    @property
+    def run_owner(self) -> Path:
+        """Who holds ``run_lock`` (host, pid, Slurm job id)."""
+        return self.root / RUN_OWNER_NAME
 
     @property
     def events_dir(self) -> Path:
@@ -155,18 +209,58 @@ class RunPaths:
         """Output of one task (rank) of a role's step; Slurm and the local executor agree."""
         return self.root / task_log_name(role, task)
 
+    def batch_log(self, job_id: str) -> Path:
+        """The batch script's output: starts, forwarded signals, each step's exit code."""
+        return self.root / batch_log_name(job_id)
+
+    @property
+    def watch_log(self) -> Path:
+        """The run watcher's log (alerts sent, the cost ledger's ticks)."""
+        return self.root / WATCH_LOG_NAME
+
     @property
     def tensorboard_dir(self) -> Path:
         return self.root / "tensorboard"
 
     @property
-    def trainer_done(self) -> Path:
-        return self.root / TRAINER_DONE_NAME
+    def trainer_tensorboard_dir(self) -> Path:
+        return self.tensorboard_dir / "trainer"
+
+    def rollout_tensorboard_dir(self, rank: int) -> Path:
+        return self.tensorboard_dir / f"rollout-{rank}"
 
     @property
     def status_dir(self) -> Path:
-        """Heartbeats and progress files each component rewrites atomically."""
+        """Progress files each component rewrites atomically."""
         return self.root / "status"
+
+    @property
+    def trainer_status(self) -> Path:
+        """The trainer's last step: step, policy version, metrics, time."""
+        return self.status_dir / "trainer.json"
+
+    @property
+    def trainer_done(self) -> Path:
+        """Written by the trainer after its final checkpoint and export: the run is complete."""
+        return self.status_dir / "trainer_done.json"
+
+    @property
+    def consumed_sample_ids(self) -> Path:
+        """Every trained sample id per step (``observe.audit_sample_ids``), at the end."""
+        return self.status_dir / "consumed_sample_ids.json"
+
+    def rollout_status(self, rank: int) -> Path:
+        """Rollout worker ``rank``'s last batch: metrics, policy version, time."""
+        return self.status_dir / f"rollout-{rank}.json"
+
+    def rollout_progress(self, rank: int) -> Path:
+        """Rollout worker ``rank``'s prompt position (batches published); it resumes there."""
+        return self.status_dir / f"rollout-{rank}-progress.json"
+
+    @property
+    def eval_history(self) -> Path:
+        """Held-out accuracy per evaluated policy version (rollout rank 0)."""
+        return self.status_dir / "eval.json"
 
     # --- data exchange between roles ---------------------------------------------------------
     @property
@@ -178,6 +272,11 @@ class RunPaths:
     def rendezvous_dir(self) -> Path:
         """Weight-sync rendezvous files; inner layout belongs to ``relax_hpc.weightsync``."""
         return self.root / "rendezvous"
+
+    @property
+    def trainer_group_file(self) -> Path:
+        """Rank 0's address for the trainer's own process group, per attempt (mode 0600)."""
+        return self.rendezvous_dir / "trainer_group.json"
 
     @property
     def weights_dir(self) -> Path:

@@ -23,15 +23,8 @@ from relax_hpc.spool import backlog
 SHOWN_METRICS = ("reward/mean", "reward/accuracy", "loss/actor", "staleness/mean", "actor/entropy")
 
 
-def _read(path: Path):
-    try:
-        return read_json(path)
-    except (FileNotFoundError, ValueError):
-        return None
-
-
 def job_lines(paths: RunPaths) -> list[str]:
-    job = _read(paths.job_file)
+    job = read_json(paths.job_file, default=None)
     if job is None:
         return ["job: not submitted to Slurm (local run or prepare_only)"]
     if shutil.which("sacct") is None:
@@ -46,7 +39,7 @@ def job_lines(paths: RunPaths) -> list[str]:
 
 
 def trainer_lines(paths: RunPaths) -> list[str]:
-    status = _read(paths.status_dir / "trainer.json")
+    status = read_json(paths.trainer_status, default=None)
     if status is None:
         return ["trainer: no step finished yet"]
     age = time.time() - status.get("time", time.time())
@@ -74,7 +67,7 @@ def other_lines(paths: RunPaths) -> list[str]:
             f"spool: {ready.num_ready_groups} groups / {ready.num_ready_samples} samples ready, "
             f"oldest policy_version {ready.oldest_policy_version}"
         )
-    evals = (_read(paths.status_dir / "eval.json") or {}).get("history", [])
+    evals = read_json(paths.eval_history, default={}).get("history", [])
     if evals:
         lines.append(
             f"eval: held-out accuracy {evals[-1]['accuracy']:.1%} at policy_version "

@@ -175,7 +175,11 @@ def launch(cfg: RunConfig, paths: RunPaths, plan: JobPlan, kind: str) -> int:
             f"relax_hpc: sbatch refused {paths.sbatch_script}:\n{str(err).strip()}", file=sys.stderr
         )
         return exitcodes.FAILED
-    print(f"relax_hpc: submitted Slurm job {job_id} for {paths.root}", file=sys.stderr)
+    print(
+        f"relax_hpc: submitted Slurm job {job_id} for {paths.root} "
+        f"(batch log: {paths.batch_log(job_id)})",
+        file=sys.stderr,
+    )
     alert_submitted(cfg, paths, job_id)
     print(
         f"relax_hpc: watch it with: squeue -j {job_id}; sacct -j {job_id}; "

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from relax_hpc import exitcodes
 from relax_hpc.launch.outcome import StartEnd, decide_end
 from relax_hpc.launch.plan import JobPlan, RolePlan
-from relax_hpc.paths import RunPaths
+from relax_hpc.paths import RunPaths, tail_text
 from relax_hpc.runtime import LOCAL_PREFIX, SUPERVISOR_PID_VAR
 
 TAIL_LINES = 20
@@ -38,14 +38,6 @@ class Task:
     @property
     def exit_code(self) -> int | None:
         return self.process.poll()
-
-
-def tail(path: os.PathLike, lines: int = TAIL_LINES) -> str:
-    try:
-        with open(path, encoding="utf-8", errors="replace") as handle:
-            return "".join(handle.readlines()[-lines:])
-    except OSError:
-        return "(no log)"
 
 
 class LocalExecutor:
@@ -198,7 +190,7 @@ class LocalExecutor:
         log_path = self.paths.task_log(task.role, task.rank)
         print(
             f"relax_hpc: {task.role}[{task.rank}] exited with {task.exit_code}; last lines of "
-            f"{log_path}:\n{tail(log_path)}",
+            f"{log_path}:\n{tail_text(log_path, TAIL_LINES)}",
             file=sys.stderr,
         )
 

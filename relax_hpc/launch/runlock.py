@@ -26,7 +26,7 @@ import sys
 import time
 from collections.abc import Iterator
 
-from relax_hpc.paths import RUN_LOCK_NAME, RUN_OWNER_NAME, RunPaths, atomic_write_json, read_json
+from relax_hpc.paths import RunPaths, atomic_write_json, read_json
 
 # flock(2) errors that mean "this filesystem cannot lock", not "someone holds it".
 UNSUPPORTED = {errno.ENOSYS, errno.EOPNOTSUPP, errno.ENOLCK, errno.EINVAL}
@@ -51,9 +51,8 @@ class RunInUse(RuntimeError):
 
 def owner_description(paths: RunPaths) -> str:
     """Who holds the lock, from ``control/run.owner.json`` (written by the holder)."""
-    try:
-        owner = read_json(paths.root / RUN_OWNER_NAME)
-    except (OSError, ValueError):
+    owner = read_json(paths.run_owner, default=None)
+    if not isinstance(owner, dict):
         return "another job"
     job = f"Slurm job {owner['job_id']}" if owner.get("job_id") else "a local run"
     return f"{job} (pid {owner.get('pid')} on {owner.get('host')})"
@@ -74,13 +73,13 @@ def _try_lock(fd: int) -> bool | None:
 
 def _open_lock(paths: RunPaths) -> int:
     paths.control_dir.mkdir(parents=True, exist_ok=True)
-    return os.open(paths.root / RUN_LOCK_NAME, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    return os.open(paths.run_lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
 
 
 def lock_holder(paths: RunPaths) -> str | None:
     """A description of the start holding the run's lock; None when it is free (or when the
     filesystem cannot tell)."""
-    if not (paths.root / RUN_LOCK_NAME).exists():
+    if not paths.run_lock.exists():
         return None
     fd = _open_lock(paths)
     try:
@@ -118,7 +117,7 @@ def hold_run_lock(paths: RunPaths, wait_s: float, poll_s: float = 0.5) -> Iterat
 def record_owner(paths: RunPaths) -> None:
     """This local supervisor as the holder (the batch script writes a Slurm job's record)."""
     owner = {"pid": os.getpid(), "host": socket.gethostname(), "job_id": None, "since": time.time()}
-    atomic_write_json(paths.root / RUN_OWNER_NAME, owner)
+    atomic_write_json(paths.run_owner, owner)
 
 
 def queued_slurm_job(paths: RunPaths) -> tuple[str, str] | None:

@@ -14,7 +14,13 @@ from dataclasses import replace
 
 from relax_hpc import exitcodes
 from relax_hpc.launch.plan import JobPlan, RolePlan
-from relax_hpc.paths import BATCH_LOG_NAME, RUN_LOCK_NAME, RUN_OWNER_NAME, task_log_name
+from relax_hpc.paths import (
+    BATCH_LOG_NAME,
+    RUN_LOCK_NAME,
+    RUN_OWNER_NAME,
+    WATCH_LOG_NAME,
+    task_log_name,
+)
 
 ADVANCE_SIGNAL = "USR1"  # Slurm's warning before the time limit: checkpoint and requeue
 STOP_WAIT_S = 60  # a step asked to stop (USR1) gets this long before it is terminated
@@ -165,7 +171,7 @@ fi
 # The run watcher (alerts: started/resumed, first step, stalled; the cost ledger) runs
 # beside the steps; end_job tells how this start ended. Both are bounded and never decide
 # the outcome: a failing alert service cannot hold or fail the job.
-watch_log="$RELAX_HPC_RUN_DIR/logs/watch.log"
+watch_log="$RELAX_HPC_RUN_DIR/{watch_log}"
 watch_pid=""
 stop_watcher() {{
   if [ -n "$watch_pid" ]; then kill -TERM "$watch_pid" 2>/dev/null; wait "$watch_pid"; fi
@@ -260,6 +266,7 @@ def _body(plan: JobPlan) -> list[str]:
         python=python,
         run_lock=RUN_LOCK_NAME,
         run_owner=RUN_OWNER_NAME,
+        watch_log=WATCH_LOG_NAME,
         lock_wait_s=plan.run_lock_wait_s,
         run_in_use=exitcodes.RUN_IN_USE,
         failed=exitcodes.FAILED,

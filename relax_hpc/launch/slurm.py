@@ -102,7 +102,7 @@ class ScriptExecutor(SlurmExecutor):
 
 def submit_script(paths: RunPaths, script: str) -> str:
     """Submit ``script`` (the run's job.sbatch text); record the job id in the run directory."""
-    folder = paths.root / "submitit"
+    folder = paths.submitit_dir
     folder.mkdir(parents=True, exist_ok=True)  # submitit writes the submission file there first
     job = ScriptExecutor(folder, script)._submit_command("relax_hpc")
     atomic_write_json(paths.job_file, {"job_id": job.job_id, "submitted_at": time.time()})

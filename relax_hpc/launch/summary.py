@@ -8,18 +8,11 @@ from relax_hpc.launch.outcome import StartEnd
 from relax_hpc.paths import RunPaths, read_json
 
 
-def _read(path):
-    try:
-        return read_json(path)
-    except (FileNotFoundError, ValueError):
-        return None
-
-
 def summary_lines(paths: RunPaths, end: StartEnd) -> list[str]:
     lines = []
-    done = _read(paths.trainer_done)
-    trainer = _read(paths.status_dir / "trainer.json")
-    evals = (_read(paths.status_dir / "eval.json") or {}).get("history", [])
+    done = read_json(paths.trainer_done, default=None)
+    trainer = read_json(paths.trainer_status, default=None)
+    evals = read_json(paths.eval_history, default={}).get("history", [])
     if done:
         lines.append(f"finished {done['step']} steps ({done['samples']} samples)")
     elif trainer:
@@ -65,7 +58,7 @@ class ProgressReporter:
         self.first: tuple[float, int] | None = None
 
     def line(self) -> str | None:
-        status = _read(self.paths.status_dir / "trainer.json")
+        status = read_json(self.paths.trainer_status, default=None)
         if not status:
             return None
         step, now = int(status["step"]), self.clock()
@@ -74,7 +67,7 @@ class ProgressReporter:
         rate = (step - self.first[1]) / (now - self.first[0]) if now > self.first[0] else 0.0
         eta = f"{(self.total_steps - step) / rate:.0f} s" if rate > 0 else "?"
         metrics = status.get("metrics", {})
-        evals = (_read(self.paths.status_dir / "eval.json") or {}).get("history", [])
+        evals = read_json(self.paths.eval_history, default={}).get("history", [])
         accuracy = f" | eval {evals[-1]['accuracy']:.1%}" if evals else ""
         width = 20
         filled = int(width * step / max(self.total_steps, 1))

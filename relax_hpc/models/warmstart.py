@@ -38,6 +38,7 @@ from transformers.tokenization_utils_base import PreTrainedTokenizerBase
 from relax_hpc.config.schema import DataConfig, ModelConfig
 from relax_hpc.data.tasks import AdditionTask, addition_prompt, sloppy_answer
 from relax_hpc.models.build import build_causal_lm, build_tokenizer
+from relax_hpc.paths import fsync_file
 
 log = logging.getLogger(__name__)
 
@@ -218,8 +219,7 @@ def _publish(
         tokenizer.save_pretrained(tmp)
         (tmp / METADATA_NAME).write_text(json.dumps(metadata, indent=2, sort_keys=True) + "\n")
         for path in tmp.iterdir():
-            with open(path, "rb") as handle:
-                os.fsync(handle.fileno())
+            fsync_file(path)
         os.chmod(tmp, 0o755)  # mkdtemp makes it 0700
         try:
             os.rename(tmp, folder)

@@ -27,26 +27,11 @@ from relax_hpc.checkpoint.store import latest_checkpoint
 from relax_hpc.config import RunConfig, load_run_config
 from relax_hpc.observe.alerts import Alert, AlertState, Notifier, build_notifier
 from relax_hpc.observe.cost import CostLedger, cost_so_far, describe_cost
-from relax_hpc.paths import RunPaths, read_json
+from relax_hpc.paths import RunPaths, read_json, tail_text
 
 log = logging.getLogger(__name__)
 
 OUTCOMES = ("finished", "failed", "requeued", "cancelled")
-
-
-def _read(path):
-    try:
-        return read_json(path)
-    except (FileNotFoundError, ValueError):
-        return None
-
-
-def tail(path, lines: int) -> str:
-    try:
-        with open(path, encoding="utf-8", errors="replace") as handle:
-            return "".join(handle.readlines()[-lines:])
-    except OSError:
-        return "(no log)\n"
 
 
 def _checkpoint_step(paths: RunPaths) -> int | None:
@@ -72,7 +57,7 @@ class RunWatcher:
     def on_start(self, job_id: str, restart: int) -> None:
         self.ledger.start_attempt(job_id, restart)
         self.last_checkpoint = _checkpoint_step(self.paths)
-        status = _read(self.paths.status_dir / "trainer.json") or {}
+        status = read_json(self.paths.trainer_status, default={})
         self.last_step = status.get("step")
         if restart == 0:
             self._send("started", f"started (job {job_id})", self._where())
@@ -83,7 +68,7 @@ class RunWatcher:
 
     def poll(self) -> None:
         self.ledger.tick()
-        status = _read(self.paths.status_dir / "trainer.json") or {}
+        status = read_json(self.paths.trainer_status, default={})
         step = status.get("step")
         if step is not None and step != self.last_step:
             self._on_progress(step, status)
@@ -133,7 +118,7 @@ class RunWatcher:
         body = (
             f"No new trainer step for {minutes:.1f} min (last step {self.last_step}).\n"
             f"Last lines of the trainer's log:\n"
-            f"{tail(self.paths.task_log('trainer', 0), self.cfg.observe.alerts.log_lines)}"
+            f"{tail_text(self.paths.task_log('trainer', 0), self.cfg.observe.alerts.log_lines)}"
         )
         self._send("stalled", f"stalled at step {self.last_step}", body)
 
@@ -158,9 +143,9 @@ def _reward_curve(done: dict) -> str:
 
 
 def finished_body(cfg: RunConfig, paths: RunPaths) -> str:
-    done = _read(paths.trainer_done) or {}
+    done = read_json(paths.trainer_done, default={})
     ledger = CostLedger(paths.cost_ledger)
-    evals = (_read(paths.status_dir / "eval.json") or {}).get("history", [])
+    evals = read_json(paths.eval_history, default={}).get("history", [])
     lines = [
         f"Steps: {done.get('step', '?')} of {cfg.trainer.total_steps}; samples trained: "
         f"{done.get('samples', '?')}",
@@ -182,7 +167,7 @@ def failed_body(cfg: RunConfig, paths: RunPaths, detail: str) -> str:
     logs = sorted(paths.logs_dir.glob("*-*.log"), key=lambda p: p.stat().st_mtime)[-2:]
     parts = [f"Reason: {detail}\n", describe_cost(cost_so_far(paths)) + "\n"]
     for path in logs:
-        parts.append(f"--- last {count} lines of {path.name} ---\n{tail(path, count)}")
+        parts.append(f"--- last {count} lines of {path.name} ---\n{tail_text(path, count)}")
     return "".join(parts) + f"Run directory: {paths.root}\n"
 
 

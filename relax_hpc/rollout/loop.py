@@ -183,7 +183,4 @@ class RolloutWorker:
         )
 
     def _load_progress(self) -> int:
-        try:
-            return int(read_json(self.progress_path)["batch_index"])
-        except (FileNotFoundError, ValueError, KeyError):
-            return 0
+        return int(read_json(self.progress_path, default={}).get("batch_index", 0))

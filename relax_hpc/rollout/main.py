@@ -206,7 +206,7 @@ def make_evaluator(
         if metrics.writer is not None:
             metrics.writer.add_scalar("eval/accuracy", accuracy, global_step=policy_version)
             metrics.writer.flush()
-        atomic_write_json(paths.status_dir / "eval.json", {"history": history})
+        atomic_write_json(paths.eval_history, {"history": history})
         log.info("eval: policy_version %d held-out greedy accuracy %.3f", policy_version, accuracy)
         return {"eval/accuracy": accuracy}
 
@@ -231,8 +231,8 @@ def run_rollout(cfg: RunConfig, paths: RunPaths, identity: TaskIdentity) -> int:
     score = make_scorer(cfg)
     leader = identity.rank == 0
     metrics = MetricsLogger(
-        paths.tensorboard_dir / f"rollout-{identity.rank}",
-        paths.status_dir / f"rollout-{identity.rank}.json",
+        paths.rollout_tensorboard_dir(identity.rank),
+        paths.rollout_status(identity.rank),
     )
     worker = RolloutWorker(
         settings=RolloutSettings(
@@ -257,7 +257,7 @@ def run_rollout(cfg: RunConfig, paths: RunPaths, identity: TaskIdentity) -> int:
         weights=weights,
         params=SamplingParams.from_config(cfg.rollout, cfg.seed),
         metrics=metrics,
-        progress_path=paths.status_dir / f"rollout-{identity.rank}-progress.json",
+        progress_path=paths.rollout_progress(identity.rank),
         evaluator=make_evaluator(cfg, engine, tokenizer, score, metrics, paths) if leader else None,
         should_stop=should_stop,
     )

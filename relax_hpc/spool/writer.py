@@ -24,7 +24,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from relax_hpc.paths import atomic_write_json, fsync_dir, read_json
+from relax_hpc.paths import atomic_write_json, fsync_dir, fsync_file, read_json
 from relax_hpc.spool.errors import SpoolTimeout
 from relax_hpc.spool.format import write_shard_file
 from relax_hpc.spool.layout import (
@@ -40,14 +40,6 @@ from relax_hpc.spool.sample import Sample
 _RECENT_PUBLISHES = 20  # [unix_s, cumulative samples] pairs kept for the status CLI
 _STATUS_INTERVAL_S = 5.0  # the status file costs two fsyncs; refresh it at most this often
 _PUBLISH_ATTEMPTS = 2  # a temp deleted under us (misjudged as abandoned) is rewritten once
-
-
-def _fsync_file(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def split_into_shards(groups: Sequence[Sequence[Sample]], max_samples: int) -> list[list]:
@@ -124,7 +116,7 @@ class ShardWriter:
             final = self._layout.ready_dir / name
             try:
                 write_shard_file(tmp, groups, self.writer_id, created_s)
-                _fsync_file(tmp)
+                fsync_file(tmp)
                 num_bytes = tmp.stat().st_size
                 os.rename(tmp, final)  # final is unique: nobody else can create it
             except FileNotFoundError:

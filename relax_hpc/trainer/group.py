@@ -16,8 +16,6 @@ import torch.distributed as dist
 from relax_hpc.paths import RunPaths, atomic_write_json, read_json
 from relax_hpc.runtime import TaskIdentity
 
-GROUP_FILE = "trainer_group.json"
-
 
 def init_trainer_group(
     paths: RunPaths, identity: TaskIdentity, backend: str, timeout_s: float
@@ -25,7 +23,7 @@ def init_trainer_group(
     """``init_process_group`` over all trainer ranks; a no-op for a single rank."""
     if identity.world_size == 1:
         return
-    address_file = paths.rendezvous_dir / GROUP_FILE
+    address_file = paths.trainer_group_file
     timeout = timedelta(seconds=timeout_s)
     if identity.rank == 0:
         host = socket.getfqdn()
@@ -50,12 +48,9 @@ def init_trainer_group(
 def _await_address(path, attempt: str, timeout_s: float) -> dict:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        try:
-            address = read_json(path)
-            if address.get("attempt") == attempt:
-                return address
-        except (FileNotFoundError, ValueError):
-            pass
+        address = read_json(path, default={})
+        if address.get("attempt") == attempt:
+            return address
         time.sleep(0.2)
     raise TimeoutError(
         f"trainer rank 0 did not publish {path} for attempt {attempt} within {timeout_s} s"

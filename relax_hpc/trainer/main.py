@@ -78,8 +78,8 @@ def run_trainer(cfg: RunConfig, paths: RunPaths, identity: TaskIdentity) -> int:
         else None
     )
     metrics = MetricsLogger(
-        paths.tensorboard_dir / "trainer" if leader else None,
-        paths.status_dir / "trainer.json" if leader else None,
+        paths.trainer_tensorboard_dir if leader else None,
+        paths.trainer_status if leader else None,
     )
 
     def publish_weights(policy_version: int) -> dict[str, float]:
@@ -161,9 +161,7 @@ def _finish(paths: RunPaths, trainer: Trainer) -> None:
         "history_tail": trainer.progress.history[-HISTORY_SUMMARY_STEPS:],
     }
     if trainer.progress.sample_ids:
-        atomic_write_json(
-            paths.status_dir / "consumed_sample_ids.json", trainer.progress.sample_ids
-        )
+        atomic_write_json(paths.consumed_sample_ids, trainer.progress.sample_ids)
     atomic_write_json(paths.trainer_done, summary)
 
 

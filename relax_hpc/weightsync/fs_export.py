@@ -25,7 +25,7 @@ from pathlib import Path
 import safetensors.torch
 import torch
 
-from relax_hpc.paths import RunPaths, atomic_write_json, fsync_dir, read_json
+from relax_hpc.paths import RunPaths, atomic_write_json, fsync_dir, fsync_file, read_json
 from relax_hpc.weightsync.errors import WeightVerificationError
 from relax_hpc.weightsync.protocol import NamedTensors, as_named_list, serve_dtype_of
 
@@ -68,7 +68,8 @@ def _write_version_dir(
     tmp_dir = paths.weights_dir / f".{final_dir.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
     tmp_dir.mkdir(parents=True)
     try:
-        _write_synced(tmp_dir / WEIGHTS_FILE, data)
+        (tmp_dir / WEIGHTS_FILE).write_bytes(data)
+        fsync_file(tmp_dir / WEIGHTS_FILE)
         manifest = {
             "policy_version": policy_version,
             "num_bytes": len(data),
@@ -81,13 +82,6 @@ def _write_version_dir(
         shutil.rmtree(tmp_dir, ignore_errors=True)
         raise
     fsync_dir(paths.weights_dir)
-
-
-def _write_synced(path: Path, data: bytes) -> None:
-    with open(path, "wb") as handle:
-        handle.write(data)
-        handle.flush()
-        os.fsync(handle.fileno())
 
 
 def latest_published_version(paths: RunPaths) -> int | None:

@@ -46,7 +46,7 @@ def submit(
 
 
 def eval_history(run_dir: Path) -> list[dict]:
-    return read_json(RunPaths(run_dir).status_dir / "eval.json")["history"]
+    return read_json(RunPaths(run_dir).eval_history)["history"]
 
 
 def failure_report(result: subprocess.CompletedProcess, run_dir: Path) -> str:

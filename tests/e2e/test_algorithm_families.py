@@ -38,7 +38,7 @@ def test_algorithm_runs_end_to_end(algo, tmp_path, teacher_dir):
         extra.append("algo.kl_in_reward_coef=0.01")  # exercises the reference model too
     result = submit(tmp_path / "run", f"algo={algo}", *FAST, *extra, timeout_s=300)
     assert result.returncode == 0, failure_report(result, tmp_path / "run")
-    status = read_json(RunPaths(tmp_path / "run").status_dir / "trainer.json")
+    status = read_json(RunPaths(tmp_path / "run").trainer_status)
     assert status["step"] == 2
     assert all(v == v for v in status["metrics"].values())  # no NaN reached the logs
     if algo == "ppo":
@@ -57,7 +57,7 @@ def test_each_mode_keeps_its_staleness_bound(mode, staleness, tmp_path):
         timeout_s=300,
     )
     assert result.returncode == 0, failure_report(result, tmp_path / "run")
-    series = scalars(RunPaths(tmp_path / "run").tensorboard_dir / "trainer")
+    series = scalars(RunPaths(tmp_path / "run").trainer_tensorboard_dir)
     assert len(series["staleness/max"]) == 4
     assert max(series["staleness/max"]) <= staleness
 

@@ -60,7 +60,7 @@ def test_grpo_tiny_visibly_learns(learned_run):
 
 def test_tensorboard_holds_the_scalars(learned_run):
     run_dir, _ = learned_run
-    trainer = scalars(RunPaths(run_dir).tensorboard_dir / "trainer")
+    trainer = scalars(RunPaths(run_dir).trainer_tensorboard_dir)
     expected = [
         "reward/mean",
         "reward/accuracy",
@@ -86,7 +86,7 @@ def test_tensorboard_holds_the_scalars(learned_run):
     early, late = trainer["reward/mean"][:10], trainer["reward/mean"][-10:]
     assert sum(late) / 10 > sum(early) / 10 + 0.2
     assert max(trainer["staleness/max"]) <= 1  # async with max_staleness 1
-    rollout = scalars(RunPaths(run_dir).tensorboard_dir / "rollout-0")
+    rollout = scalars(RunPaths(run_dir).rollout_tensorboard_dir(0))
     for tag in (
         "eval/accuracy",
         "throughput/samples_per_s",
@@ -98,7 +98,7 @@ def test_tensorboard_holds_the_scalars(learned_run):
 
 def test_every_sample_was_trained_exactly_once(learned_run):
     run_dir, _ = learned_run
-    surviving = read_json(RunPaths(run_dir).status_dir / "consumed_sample_ids.json")
+    surviving = read_json(RunPaths(run_dir).consumed_sample_ids)
     assert len(surviving) == 60 and all(len(step) == 16 * 8 for step in surviving)
     assert not check_exactly_once({s for step in surviving for s in step}, surviving)
 
@@ -173,7 +173,7 @@ def test_sigkilled_trainer_resumes_from_the_last_checkpoint(tmp_path):
         text=True,
     )
     paths = RunPaths(run_dir)
-    wait_for_step(paths.status_dir / "trainer.json", 15, first, timeout_s=600)
+    wait_for_step(paths.trainer_status, 15, first, timeout_s=600)
     trainer_pid = read_json(paths.rendezvous_dir / "trainer.json")["pid"]
     os.kill(trainer_pid, signal.SIGKILL)  # no warning, no final checkpoint
     _, stderr = first.communicate(timeout=300)
@@ -183,7 +183,7 @@ def test_sigkilled_trainer_resumes_from_the_last_checkpoint(tmp_path):
     assert second.returncode == 0, failure_report(second, run_dir)
     log = paths.task_log("trainer", 0).read_text()
     assert "resumed from" in log and "step 10)" in log
-    surviving = read_json(paths.status_dir / "consumed_sample_ids.json")
+    surviving = read_json(paths.consumed_sample_ids)
     assert len(surviving) == 30
     consumed_dir = paths.spool_dir / "consumed"
     published = {
@@ -221,7 +221,7 @@ def test_a_sigkilled_supervisor_leaves_no_task_behind(tmp_path):
         submit_command(run_dir, *overrides), cwd=REPO, env=submit_env(), stderr=subprocess.PIPE
     )
     paths = RunPaths(run_dir)
-    wait_for_step(paths.status_dir / "trainer.json", 3, supervisor, timeout_s=600)
+    wait_for_step(paths.trainer_status, 3, supervisor, timeout_s=600)
     tasks = run_task_pids(run_dir)
     assert len(tasks) == 2, tasks
     supervisor.kill()
@@ -261,10 +261,10 @@ def test_a_cancelled_run_resumes_on_fewer_trainer_processes(tmp_path):
         text=True,
     )
     paths = RunPaths(run_dir)
-    wait_for_step(paths.status_dir / "trainer.json", 2, first, timeout_s=600)
+    wait_for_step(paths.trainer_status, 2, first, timeout_s=600)
     request_cancel(run_dir)
     _, stderr = first.communicate(timeout=300)
-    stopped_at = read_json(paths.status_dir / "trainer.json")["step"]
+    stopped_at = read_json(paths.trainer_status)["step"]
     assert stopped_at < 8, stderr
 
     second = submit(run_dir, "relayout=true", "trainer.processes_per_node=1", timeout_s=600)
@@ -272,7 +272,7 @@ def test_a_cancelled_run_resumes_on_fewer_trainer_processes(tmp_path):
     assert "relayout: trainer.processes_per_node: 2 -> 1" in second.stderr
     resumed = paths.task_log("trainer", 0).read_text().split("trainer rank 0/1 of job")[1]
     assert f"(step {stopped_at})" in resumed and "step 8/8" in resumed
-    surviving = read_json(paths.status_dir / "consumed_sample_ids.json")
+    surviving = read_json(paths.consumed_sample_ids)
     assert len(surviving) == 8
     assert not check_exactly_once({s for step in surviving for s in step}, surviving)
 
@@ -306,7 +306,7 @@ def test_no_secret_leaves_the_secrets_file(learned_run, smtp_sink, webhook_sink)
 
 def test_cost_is_in_tensorboard_and_status(learned_run):
     run_dir, _ = learned_run
-    trainer = scalars(RunPaths(run_dir).tensorboard_dir / "trainer")
+    trainer = scalars(RunPaths(run_dir).trainer_tensorboard_dir)
     total = trainer["cost/cpu_hours/total"]
     assert len(total) == 60 and total[-1] > total[0] > 0
     assert total == sorted(total)

@@ -65,7 +65,7 @@ def reward_curve(run_dir: Path) -> list[float]:
     """``reward/mean`` per step, read back from TensorBoard's event files."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    events = EventAccumulator(str(RunPaths(run_dir).tensorboard_dir / "trainer"))
+    events = EventAccumulator(str(RunPaths(run_dir).trainer_tensorboard_dir))
     events.Reload()
     return [e.value for e in events.Scalars("reward/mean")]
 
@@ -83,7 +83,7 @@ def test_grpo_tiny_hetjob_runs_to_completion_and_learns(tmp_path, smtp_sink, web
     assert state == "COMPLETED", logs(run_dir)
     components = job_state(job_id)["Components"]
     assert components.startswith("0:COMPLETED,1:COMPLETED"), components  # <id>+0 and <id>+1
-    history = read_json(RunPaths(run_dir).status_dir / "eval.json")["history"]
+    history = read_json(RunPaths(run_dir).eval_history)["history"]
     assert history[-1]["policy_version"] == 40
     assert history[-1]["accuracy"] > history[0]["accuracy"] + 0.2, history
     trainer_log = (RunPaths(run_dir).task_log("trainer", 0)).read_text()
@@ -138,7 +138,7 @@ def test_cancel_stops_with_a_checkpoint_and_no_requeue(tmp_path):
     try:
         deadline = time.monotonic() + 600
         while time.monotonic() < deadline:
-            status = paths.status_dir / "trainer.json"
+            status = paths.trainer_status
             if status.exists() and read_json(status)["step"] >= 3:
                 break
             time.sleep(0.5)
@@ -165,7 +165,7 @@ def test_cancel_stops_with_a_checkpoint_and_no_requeue(tmp_path):
         subprocess.run(["scancel", job_id], capture_output=True, timeout=30)
     assert state == "COMPLETED", logs(run_dir)
     checkpoints = sorted(p.name for p in paths.checkpoints_dir.iterdir())
-    stopped_at = read_json(paths.status_dir / "trainer.json")["step"]
+    stopped_at = read_json(paths.trainer_status)["step"]
     assert f"step_{stopped_at:08d}" in checkpoints and stopped_at < 2000
     assert "not requeueing" in logs(run_dir)
 
@@ -179,7 +179,7 @@ def wait_for_restart_and_step(
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         log = paths.task_log("trainer", 0)
-        status = paths.status_dir / "trainer.json"
+        status = paths.trainer_status
         text = log.read_text(errors="replace") if log.exists() else ""
         after = text.split(log_marker, 1)[1] if log_marker in text else None
         restarted = after is not None and (not resumed or "trainer: resumed from" in after)
@@ -298,12 +298,12 @@ def test_preempted_four_ways_the_sync_run_ends_as_if_never_interrupted(tmp_path,
     assert resumed_4 == last_complete, (resumed_4, last_complete)
     assert resumed_4 % 4 == 0 or resumed_4 == resumed_3, (resumed_3, resumed_4)
     assert trainer_log.count("stopping at step") >= 2  # USR1 and hi's preemption checkpointed
-    surviving = read_json(paths.status_dir / "consumed_sample_ids.json")
+    surviving = read_json(paths.consumed_sample_ids)
     assert len(surviving) == 18
     from relax_hpc.spool import check_exactly_once
 
     assert not check_exactly_once({s for step in surviving for s in step}, surviving)
-    assert surviving == read_json(RunPaths(reference_dir).status_dir / "consumed_sample_ids.json")
+    assert surviving == read_json(RunPaths(reference_dir).consumed_sample_ids)
     import torch
 
     ours, theirs = final_weights(run_dir), final_weights(reference_dir)

@@ -190,7 +190,7 @@ def _role(name: str, cpus: int) -> dict:
 
 def _trainer_status(paths: RunPaths, step: int) -> None:
     atomic_write_json(
-        paths.status_dir / "trainer.json", {"step": step, "metrics": {"reward/mean": 0.25}}
+        paths.trainer_status, {"step": step, "metrics": {"reward/mean": 0.25}}
     )
 
 

@@ -11,7 +11,7 @@ def test_status_and_cancel_on_a_prepared_run(tmp_path, capsys):
     assert submit.run(["+experiment=grpo_tiny", f"run_dir={run_dir}", "prepare_only=true"]) == 0
     paths = RunPaths(run_dir)
     atomic_write_json(
-        paths.status_dir / "trainer.json",
+        paths.trainer_status,
         {"step": 7, "policy_version": 7, "time": 0, "metrics": {"reward/mean": 0.5}},
     )
     capsys.readouterr()

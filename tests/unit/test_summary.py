@@ -23,15 +23,15 @@ def test_progress_line_shows_rate_eta_and_eval(tmp_path):
     reporter = ProgressReporter(paths, total_steps=100, stream=stream, clock=clock)
     assert reporter.line() is None  # nothing before the trainer's first status
     atomic_write_json(
-        paths.status_dir / "trainer.json", {"step": 10, "metrics": {"reward/mean": 0.25}}
+        paths.trainer_status, {"step": 10, "metrics": {"reward/mean": 0.25}}
     )
     reporter.line()
     clock.now = 10.0
     atomic_write_json(
-        paths.status_dir / "trainer.json", {"step": 30, "metrics": {"reward/mean": 0.5}}
+        paths.trainer_status, {"step": 30, "metrics": {"reward/mean": 0.5}}
     )
     atomic_write_json(
-        paths.status_dir / "eval.json", {"history": [{"policy_version": 30, "accuracy": 0.42}]}
+        paths.eval_history, {"history": [{"policy_version": 30, "accuracy": 0.42}]}
     )
     line = reporter.line()
     assert "step 30/100" in line and "2.00 steps/s" in line and "ETA 35 s" in line
@@ -43,10 +43,10 @@ def test_progress_line_shows_rate_eta_and_eval(tmp_path):
 def test_summary_of_a_finished_run(tmp_path):
     paths = RunPaths(tmp_path).create()
     atomic_write_json(
-        paths.status_dir / "trainer_done.json", {"step": 60, "samples": 7680, "export_dir": "E"}
+        paths.trainer_done, {"step": 60, "samples": 7680, "export_dir": "E"}
     )
     atomic_write_json(
-        paths.status_dir / "eval.json",
+        paths.eval_history,
         {
             "history": [
                 {"policy_version": 0, "accuracy": 0.33},
@@ -61,7 +61,7 @@ def test_summary_of_a_finished_run(tmp_path):
 
 def test_summary_of_a_stopped_run_says_how_to_resume(tmp_path):
     paths = RunPaths(tmp_path).create()
-    atomic_write_json(paths.status_dir / "trainer.json", {"step": 12, "metrics": {}})
+    atomic_write_json(paths.trainer_status, {"step": 12, "metrics": {}})
     end = StartEnd("cancelled", "stopped on request (SIGINT); trainer exit 75", 0)
     lines = summary_lines(paths, end)
     assert any("cancelled at step 12 (stopped on request" in line for line in lines)
