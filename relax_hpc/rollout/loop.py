@@ -38,7 +38,7 @@ class RolloutSettings:
     max_staleness: int
     eval_interval_steps: int
     seed: int
-    colocated: bool = False  # sync mode: hand the devices to the trainer between batches
+    colocated: bool = False  # sync mode: release the engine's memory while the trainer trains
 
 
 class RolloutWorker:
@@ -82,7 +82,10 @@ class RolloutWorker:
             with self.timer.phase("write_shard"):
                 self.write_shard(groups)
             if self.s.colocated:
-                self.engine.release_memory()  # the trainer trains on these devices next
+                # The trainer trains on these devices next; the engine takes its memory
+                # back itself, for the next weights or the next generation.
+                with self.timer.phase("release_memory"):
+                    self.engine.release_memory()
             self.log(groups)
         self.maybe_eval(final=True)
         return 0
@@ -99,8 +102,6 @@ class RolloutWorker:
         return [g for g in range(start, stop) if g % self.s.num_workers == self.s.worker]
 
     def generate(self) -> list[list[Sample]]:
-        if self.s.colocated:
-            self.engine.resume_memory()
         prompts = [(g, self._prompt(g)) for g in self.group_ids()]
         requests = [
             GenerationRequest(f"{g}/{j}", record.prompt_ids)

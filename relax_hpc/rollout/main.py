@@ -30,7 +30,6 @@ from relax_hpc.weightsync import (
     WeightReceiver,
     WeightSyncError,
     WeightSyncRefused,
-    module_loader,
 )
 from relax_hpc.weightsync.receiver import LoadFn
 
@@ -127,6 +126,7 @@ def build_sglang_engine(cfg: RunConfig, first_gpu: int) -> SGLangEngine:
         mem_fraction=cfg.rollout.engine_mem_fraction,
         dtype=str(serve_dtype).removeprefix("torch."),
         seed=cfg.seed,
+        memory_saver=colocated(cfg),  # releases its memory while the trainer trains
         # several engines on one node: each its own GPUs and its own ports
         extra_server_args={
             "base_gpu_id": first_gpu,
@@ -137,16 +137,24 @@ def build_sglang_engine(cfg: RunConfig, first_gpu: int) -> SGLangEngine:
     )
 
 
+def colocated(cfg: RunConfig) -> bool:
+    """``mode=sync``: the roles time-share devices, so the engine releases its memory
+    between batches (``RolloutWorker``) and takes it back before it generates."""
+    return cfg.mode == "sync"
+
+
 def engine_loader(engine: Engine, paths: RunPaths) -> tuple[LoadFn, int | None]:
     """The receiver's ``load_fn`` for ``engine``, and the verified version it already holds.
 
     SGLang starts from the newest published ``weights/v{N}/`` read by SGLang itself;
-    the transformers engine gets every version through the receiver.
+    the transformers engine gets every version through the receiver. Both engines take
+    back released memory before they load.
     """
     if isinstance(engine, SGLangEngine):
         loader = SGLangWeightLoader(engine)
         return loader, loader.load_latest_published(paths)
-    return module_loader(engine.model), None
+    assert isinstance(engine, TransformersEngine)
+    return engine.load_weights, None
 
 
 def build_receiver(
@@ -243,6 +251,7 @@ def run_rollout(cfg: RunConfig, paths: RunPaths, identity: TaskIdentity) -> int:
             max_staleness=cfg.max_staleness,
             eval_interval_steps=cfg.rollout.eval_interval_steps,
             seed=cfg.seed,
+            colocated=colocated(cfg),
         ),
         engine=engine,
         sampler=PromptSampler(

@@ -57,9 +57,13 @@ def test_each_mode_keeps_its_staleness_bound(mode, staleness, tmp_path):
         timeout_s=300,
     )
     assert result.returncode == 0, failure_report(result, tmp_path / "run")
-    series = scalars(RunPaths(tmp_path / "run").trainer_tensorboard_dir)
+    paths = RunPaths(tmp_path / "run")
+    series = scalars(paths.trainer_tensorboard_dir)
     assert len(series["staleness/max"]) == 4
     assert max(series["staleness/max"]) <= staleness
+    # sync: the engine hands its memory to the trainer after every batch
+    released = "time/release_memory_s" in scalars(paths.rollout_tensorboard_dir(0))
+    assert released is (mode == "sync")
 
 
 @pytest.mark.slow

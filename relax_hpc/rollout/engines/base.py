@@ -1,8 +1,9 @@
 """The small interface every generation engine implements, and its request/result types.
 
 An engine turns token-id prompts into sampled completions with per-token log-probs, takes
-new weights tagged with a ``policy_version``, and can hand its accelerator memory back while
-a colocated trainer runs (a no-op on CPU).
+new weights tagged with a ``policy_version``, and hands its device memory (weights, KV
+cache) to a colocated trainer between batches (``mode=sync``): ``release_memory`` after a
+batch; whatever needs the memory again (``generate``, a weight load) takes it back first.
 
 Log-prob convention (all engines): ``logprobs[t]`` is ``log_softmax(logits_t / temperature)``
 of the sampled token over the *full* vocabulary: the temperature-scaled policy, before any
@@ -110,10 +111,12 @@ class Engine(abc.ABC):
     ) -> None:
         """Copy (some or all) weights by name; later generations carry ``policy_version``."""
 
+    @abc.abstractmethod
     def release_memory(self) -> None:
-        """Free accelerator memory (weights, KV cache) for a colocated trainer; CPU: no-op."""
-        return None
+        """Free the device memory of the weights and the KV cache for a colocated trainer;
+        the weights stay restorable. Idempotent."""
 
+    @abc.abstractmethod
     def resume_memory(self) -> None:
-        """Undo ``release_memory`` before the next ``generate``; CPU: no-op."""
-        return None
+        """Undo ``release_memory`` (a no-op when nothing is released). ``generate`` and the
+        weight loads call it themselves."""

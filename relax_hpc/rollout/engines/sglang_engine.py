@@ -22,6 +22,10 @@ Contract with ``engines/base.py``:
   backend, batch-invariant kernels, slower). Without it SGLang samples from its own
   generator and a rerun of a sample id may differ: a known gap, not hidden.
 - ``policy_version`` changes only after SGLang reported a successful weight update.
+- colocation (``memory_saver=True``, ``mode=sync``): ``release_memory`` releases every
+  memory kind SGLang tracks (weights, KV cache, CUDA graphs; the weights are kept in a CPU
+  backup); a weight update first resumes the weights only (SGLang cannot write into
+  released memory), ``generate`` resumes the rest.
 - finish reasons: SGLang checks ``max_new_tokens`` before EOS, so an EOS drawn as the very
   last allowed token reports ``"length"`` here where the transformers engine says
   ``"stop"``; the tokens and log-probs are the same.
@@ -60,6 +64,9 @@ from relax_hpc.rollout.engines.sglang_adapter import (
 )
 
 WEIGHT_UPDATE_GROUP = "relax_hpc_weights"
+WEIGHTS_MEMORY = "weights"  # SGLang's GPU_MEMORY_TYPE_WEIGHTS
+# SGLang's GPU_MEMORY_ALL_TYPES (sglang.srt.constants) where it cannot be imported.
+ALL_MEMORY = ("kv_cache", "weights", "cuda_graph")
 UPDATE_CHUNK_BYTES = 1 << 30  # per weight-update call (see sglang_adapter.chunks_by_bytes)
 # Layouts where an engine has more ranks than its tensor-parallel group, or ranks that
 # SGLang numbers differently in a weight-update group.
@@ -119,6 +126,7 @@ class SGLangEngine(Engine):
         self._engine = (launch or _launch_sglang)(**server_args)
         self._seeded = _sampling_seed_supported() if seeded is None else seeded
         self._num_calls = 0
+        self._released: list[str] = []  # memory kinds handed to a colocated trainer
 
     # --- generation ----------------------------------------------------------------------------
     def generate(
@@ -131,6 +139,7 @@ class SGLangEngine(Engine):
         """
         if not requests:
             return []
+        self.resume_memory()
         self._num_calls += 1
         rids = request_ids(requests, self._num_calls)
         outputs = self._engine.generate(**generate_kwargs(requests, params, rids, self._seeded))
@@ -186,6 +195,7 @@ class SGLangEngine(Engine):
         buffers afterwards (the weight receiver's staging buckets).
         """
         items = named_tensors.items() if isinstance(named_tensors, Mapping) else named_tensors
+        self._resume([WEIGHTS_MEMORY])
         chunks = chunks_by_bytes(list(items), _tensor_bytes, UPDATE_CHUNK_BYTES)
         for index, chunk in enumerate(chunks):
             result = self._engine.update_weights_from_tensor(
@@ -195,6 +205,7 @@ class SGLangEngine(Engine):
 
     def update_weights_from_disk(self, model_dir: str | Path, policy_version: int) -> None:
         """Load every ``*.safetensors`` of ``model_dir`` (SGLang flushes the cache itself)."""
+        self._resume([WEIGHTS_MEMORY])
         result = self._engine.update_weights_from_disk(model_path=str(model_dir))
         require_success(result, f"update_weights_from_disk({model_dir})")
         self.policy_version = policy_version
@@ -231,6 +242,7 @@ class SGLangEngine(Engine):
         it after its own checks).
         """
         chunks = chunks_by_bytes(list(specs), _spec_bytes, UPDATE_CHUNK_BYTES)
+        self._resume([WEIGHTS_MEMORY])
         for index, chunk in enumerate(chunks):  # the trainer broadcasts in this same order
             result = self._engine.update_weights_from_distributed(
                 group_name=group_name,
@@ -251,12 +263,24 @@ class SGLangEngine(Engine):
     def release_memory(self) -> None:
         if not self.memory_saver:
             raise ValueError("release_memory needs SGLangEngine(memory_saver=True)")
-        require_success(self._engine.release_memory_occupation(), "release_memory_occupation")
+        tags = [kind for kind in _memory_kinds() if kind not in self._released]
+        if not tags:
+            return
+        result = self._engine.release_memory_occupation(tags=tags)
+        require_success(result, f"release_memory_occupation({tags})")
+        self._released += tags
 
     def resume_memory(self) -> None:
-        if not self.memory_saver:
-            raise ValueError("resume_memory needs SGLangEngine(memory_saver=True)")
-        require_success(self._engine.resume_memory_occupation(), "resume_memory_occupation")
+        self._resume(list(self._released))
+
+    def _resume(self, kinds: list[str]) -> None:
+        """Take back those of ``kinds`` that are released (SGLang refuses a double resume)."""
+        tags = [kind for kind in self._released if kind in kinds]
+        if not tags:
+            return
+        result = self._engine.resume_memory_occupation(tags=tags)
+        require_success(result, f"resume_memory_occupation({tags})")
+        self._released = [kind for kind in self._released if kind not in tags]
 
     def shutdown(self) -> None:
         self._engine.shutdown()
@@ -284,6 +308,15 @@ def _launch_sglang(**server_args: Any) -> Any:
     import sglang
 
     return sglang.Engine(**server_args)
+
+
+def _memory_kinds() -> list[str]:
+    """What ``release_memory_occupation()`` without tags releases."""
+    try:
+        from sglang.srt.constants import GPU_MEMORY_ALL_TYPES
+    except ImportError:  # no sglang here (CPU tests with a stand-in engine)
+        return list(ALL_MEMORY)
+    return list(GPU_MEMORY_ALL_TYPES)
 
 
 def _sampling_seed_supported() -> bool:

@@ -11,6 +11,14 @@ boundary to change a token). Prompts are left-padded; finished rows leave the ba
 KV cache. Log-probs follow the convention in ``engines/base.py``: ``log_softmax(logits / T)``
 of the sampled token, before top-k/top-p.
 
+Colocation (``release_memory``): every parameter and buffer storage is copied to host memory
+(pinned on a GPU) and its device storage is freed (resized to zero bytes, so every view of
+it, including the receiver's, stays valid); ``resume_memory`` reallocates and copies back.
+The host copy is kept rather than waiting for the next weights, because a worker may
+generate again without new weights (another worker's batch advanced the policy) and
+buffers (RoPE tables) are never sent. The KV cache lives only inside ``generate``. On a CPU
+engine the host copy lives in the same memory: colocation there shares cores, not memory.
+
 Must not: score completions, touch the spool, or import the trainer.
 """
 
@@ -47,14 +55,14 @@ class TransformersEngine(Engine):
         self.max_batch_size = max_batch_size
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
         self.stop_token_ids = _eos_ids(model, tokenizer)
-
-    @property
-    def device(self) -> torch.device:
-        return next(self.model.parameters()).device
+        self.device = next(self.model.parameters()).device
+        # While released: each freed device storage and its host copy.
+        self._host_copies: list[tuple[torch.UntypedStorage, Tensor]] | None = None
 
     def generate(
         self, requests: Sequence[GenerationRequest], params: SamplingParams
     ) -> list[Completion]:
+        self.resume_memory()
         completions: list[Completion] = []
         for start in range(0, len(requests), self.max_batch_size):
             completions += self._generate_batch(
@@ -67,6 +75,12 @@ class TransformersEngine(Engine):
         named_tensors: Mapping[str, Tensor] | Iterable[tuple[str, Tensor]],
         policy_version: int,
     ) -> None:
+        self.load_weights(named_tensors)
+        self.policy_version = policy_version
+
+    def load_weights(self, named_tensors: Mapping[str, Tensor] | Iterable[tuple[str, Tensor]]):
+        """Copy weights by name (the weight receiver's ``load_fn``); the version is unchanged."""
+        self.resume_memory()
         items = named_tensors.items() if isinstance(named_tensors, Mapping) else named_tensors
         targets = self.model.state_dict()  # shares storage with the parameters
         with torch.no_grad():
@@ -79,7 +93,27 @@ class TransformersEngine(Engine):
                         f"{tuple(targets[name].shape)} of the rollout model"
                     )
                 targets[name].copy_(tensor)
-        self.policy_version = policy_version
+
+    def release_memory(self) -> None:
+        if self._host_copies is not None:
+            return
+        pinned = self.device.type == "cuda"
+        self._host_copies = []
+        for storage in _unique_storages(self.model):
+            host = torch.empty(storage.nbytes(), dtype=torch.uint8, pin_memory=pinned)
+            host.untyped_storage().copy_(storage)
+            storage.resize_(0)
+            self._host_copies.append((storage, host))
+        if pinned:
+            torch.cuda.empty_cache()  # hand the freed blocks back to the device
+
+    def resume_memory(self) -> None:
+        if self._host_copies is None:
+            return
+        for storage, host in self._host_copies:
+            storage.resize_(host.numel())
+            storage.copy_(host.untyped_storage())
+        self._host_copies = None
 
     @torch.no_grad()
     def _generate_batch(
@@ -224,6 +258,16 @@ def inverse_cdf_sample(logits_BV: Tensor, uniforms_B: Tensor) -> Tensor:
 
 def _gather(logprobs_BV: Tensor, token_B: Tensor) -> Tensor:
     return logprobs_BV.gather(-1, token_B.unsqueeze(-1)).squeeze(-1)
+
+
+def _unique_storages(module: torch.nn.Module) -> list[torch.UntypedStorage]:
+    """The storages behind ``module``'s parameters and buffers, each once (tied weights)."""
+    found: dict[int, torch.UntypedStorage] = {}
+    for tensor in [*module.parameters(), *module.buffers()]:
+        storage = tensor.untyped_storage()
+        if storage.nbytes():
+            found.setdefault(storage.data_ptr(), storage)
+    return list(found.values())
 
 
 def _eos_ids(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> frozenset[int]:

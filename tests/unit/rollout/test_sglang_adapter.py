@@ -343,6 +343,41 @@ def test_memory_saver_keeps_a_cpu_copy_of_the_weights():
     assert made[0].server_args["enable_weights_cpu_backup"] is True
 
 
+def test_colocation_releases_everything_and_takes_back_weights_then_the_rest():
+    """mode=sync: released after a batch; a weight update resumes the weights only (SGLang
+    cannot write into released memory), the next generate resumes the KV cache too."""
+    data, requests, params = fixture_call("batch_eos_stop_length.json")
+    made = []
+
+    def launch(**server_args):
+        made.append(StandInSGLang(data["outputs"], **server_args))
+        return made[-1]
+
+    engine = SGLangEngine("/m", memory_saver=True, launch=launch, seeded=True)
+    sglang = made[0]
+
+    def memory_calls():
+        """The calls since the last look, memory calls with their tags."""
+        calls = [(n, kw["tags"]) if "memory" in n else n for n, kw in sglang.calls]
+        sglang.calls.clear()
+        return calls
+
+    engine.release_memory()
+    engine.release_memory()  # idempotent
+    assert memory_calls() == [
+        ("release_memory_occupation", ["kv_cache", "weights", "cuda_graph"])
+    ]
+    engine.load_state_dict({"w": torch.ones(2)}, policy_version=1)
+    assert memory_calls() == [
+        ("resume_memory_occupation", ["weights"]),
+        "update_weights_from_tensor",
+    ]
+    engine.generate(requests, params)
+    assert memory_calls() == [("resume_memory_occupation", ["kv_cache", "cuda_graph"]), "generate"]
+    engine.resume_memory()
+    assert memory_calls() == []  # nothing left to resume
+
+
 def test_drain_aborts_every_in_flight_request_and_memory_calls_need_the_saver():
     engine, sglang = stand_in_engine()
     engine.abort_in_flight()
@@ -407,6 +442,10 @@ def test_build_engine_picks_sglang_from_rollout_backend(monkeypatch, tmp_path):
     assert launched[0]["model_path"] == str(tmp_path) and launched[0]["tp_size"] == 4
     assert launched[0]["mem_fraction_static"] == cfg.rollout.engine_mem_fraction
     assert launched[0]["dtype"] == "bfloat16"  # model.dtype auto on a GPU
+    assert launched[0]["enable_memory_saver"] is False  # async: the engine keeps its GPUs
+    cfg.mode = "sync"  # time-shares the trainer's GPUs: releases its memory between batches
+    build_engine(cfg, torch.device("cpu"))
+    assert launched[1]["enable_memory_saver"] and launched[1]["enable_weights_cpu_backup"]
     cfg.model.path = None
     with pytest.raises(ValueError, match="needs model.path"):
         build_engine(cfg, torch.device("cpu"))

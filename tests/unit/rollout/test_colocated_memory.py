@@ -1,0 +1,133 @@
+"""``mode=sync``: the rollout engine hands its memory to the trainer between batches.
+
+Measured on the transformers engine on CPU: the bytes of tensor storage the engine's model
+holds (on a GPU, exactly the GPU memory the trainer gets; on CPU the host copy lives in the
+same memory). The weight receiver is replaced by a stand-in that plays the trainer's side
+(new weights after each step): the receiver itself needs a trainer process and is tested
+in tests/dist; here the subject is the loop and the engine.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from relax_hpc.config.schema import DataConfig, ModelConfig
+from relax_hpc.data.datasets import build_dataset
+from relax_hpc.data.sampler import PromptSampler
+from relax_hpc.models.build import build_causal_lm
+from relax_hpc.models.tokenizer import build_char_tokenizer
+from relax_hpc.observe.metrics import MetricsLogger
+from relax_hpc.rollout.engines.base import GenerationRequest, SamplingParams
+from relax_hpc.rollout.engines.transformers_engine import TransformersEngine
+from relax_hpc.rollout.loop import RolloutSettings, RolloutWorker
+from relax_hpc.spool import ShardWriter
+
+ARCH = {
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 2,
+    "num_key_value_heads": 2,
+    "head_dim": 32,
+    "max_position_embeddings": 128,
+    "tie_word_embeddings": True,
+}
+PARAMS = SamplingParams(temperature=1.0, max_new_tokens=6, seed=3)
+
+
+def tiny_model(seed: int) -> torch.nn.Module:
+    cfg = ModelConfig(name="t", tokenizer="char", arch=ARCH)
+    return build_causal_lm(cfg, build_char_tokenizer(), seed=seed)
+
+
+def resident_bytes(engine: TransformersEngine) -> int:
+    """Bytes of storage behind the engine's parameters and buffers (tied ones once)."""
+    tensors = [*engine.model.parameters(), *engine.model.buffers()]
+    sizes = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in tensors}
+    return sum(sizes.values())
+
+
+def generate(engine: TransformersEngine) -> list[list[int]]:
+    ids = engine.tokenizer("12+34=")["input_ids"]
+    requests = [GenerationRequest(f"g/{j}", ids) for j in range(3)]
+    return [c.token_ids for c in engine.generate(requests, PARAMS)]
+
+
+def test_release_frees_the_weights_and_generation_takes_them_back():
+    engine = TransformersEngine(tiny_model(seed=0), build_char_tokenizer())
+    before, held = generate(engine), resident_bytes(engine)
+    engine.release_memory()
+    engine.release_memory()  # idempotent
+    assert resident_bytes(engine) == 0 < held
+    assert generate(engine) == before  # resumed: the same weights, the same samples
+    assert resident_bytes(engine) == held
+
+
+def test_weights_loaded_while_released_are_the_ones_generated_with():
+    engine = TransformersEngine(tiny_model(seed=0), build_char_tokenizer())
+    newer = tiny_model(seed=1)
+    expected = generate(TransformersEngine(newer, build_char_tokenizer()))
+    engine.release_memory()
+    engine.load_weights(newer.state_dict())  # what the weight receiver calls
+    assert generate(engine) == expected
+
+
+class TrainerSide:
+    """Stands in for the weight receiver: while the rollout waits, the trainer trains (the
+    engine's memory is measured then), then its new weights arrive."""
+
+    def __init__(self, engine: TransformersEngine) -> None:
+        self.engine = engine
+        self.while_training: list[int] = []
+
+    def wait_for(self, min_version: int, should_stop) -> bool:
+        self.while_training.append(resident_bytes(self.engine))
+        if self.engine.policy_version < min_version:
+            self.engine.load_weights(tiny_model(seed=min_version).state_dict())
+            self.engine.policy_version = min_version
+        return True
+
+
+def run_worker(tmp_path, colocated: bool, batches: int = 3) -> tuple[list[int], list[int]]:
+    """Resident bytes while the trainer trains, and while the engine generates."""
+    tokenizer = build_char_tokenizer()
+    engine = TransformersEngine(tiny_model(seed=0), tokenizer)
+    while_generating: list[int] = []
+    engine.model.register_forward_pre_hook(
+        lambda module, args: while_generating.append(resident_bytes(engine))
+    )
+    trainer = TrainerSide(engine)
+    worker = RolloutWorker(
+        settings=RolloutSettings(
+            worker=0,
+            num_workers=1,
+            prompts_per_step=2,
+            n_samples_per_prompt=2,
+            max_staleness=0,
+            eval_interval_steps=0,
+            seed=1,
+            colocated=colocated,
+        ),
+        engine=engine,
+        sampler=PromptSampler(build_dataset(DataConfig(), tokenizer), seed=1),
+        score=lambda pairs: [(0.0, {}) for _ in pairs],
+        writer=ShardWriter(tmp_path / "spool", "w0"),
+        weights=trainer,
+        params=PARAMS,
+        metrics=MetricsLogger(None, None),
+        progress_path=tmp_path / "progress.json",
+        should_stop=lambda: len(trainer.while_training) > batches,
+    )
+    assert worker.run() == 0
+    return trainer.while_training[1:], while_generating  # [0]: before the first batch
+
+
+@pytest.mark.parametrize("colocated", [True, False])
+def test_sync_mode_engine_memory_is_lower_while_the_trainer_trains(tmp_path, colocated):
+    while_training, while_generating = run_worker(tmp_path, colocated)
+    assert len(while_training) == 3 and while_generating
+    if colocated:
+        assert max(while_training) < 0.01 * min(while_generating)
+    else:  # the control: without colocation the engine keeps everything
+        assert min(while_training) == max(while_generating)
