@@ -4,7 +4,6 @@ HF export. The CPU twins of these checks are in tests/unit/trainer/test_megatron
 
 from __future__ import annotations
 
-import socket
 import sys
 from pathlib import Path
 
@@ -14,7 +13,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "unit" / "trainer"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from megatron_factories import run_ranks, tiny_qwen3  # noqa: E402
+from megatron_factories import free_loopback_port, run_ranks, tiny_qwen3  # noqa: E402
 
 pytestmark = [
     pytest.mark.gpu,
@@ -35,9 +34,7 @@ def megatron_gpu():
     from relax_hpc.trainer.megatron.model import MegatronSettings, initialize_model_parallel
 
     torch.cuda.set_device(CUDA)
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    port = free_loopback_port()
     dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
     settings = MegatronSettings(dtype=torch.bfloat16)
     initialize_model_parallel(settings)

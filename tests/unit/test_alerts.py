@@ -32,14 +32,6 @@ from relax_hpc.paths import RunPaths, atomic_write_json
 REPO = Path(__file__).resolve().parents[2]
 
 
-class FakeClock:
-    def __init__(self, now: float = 1_000_000.0) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
-
-
 def wait_until(predicate, timeout_s: float = 20.0) -> bool:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -119,8 +111,8 @@ def test_log_records_are_masked(caplog):
 
 
 # --- rate limit and delivery ---------------------------------------------------------------------
-def test_rate_limit_spaces_one_kind_and_caps_the_hour_but_never_failed(tmp_path):
-    clock = FakeClock()
+def test_rate_limit_spaces_one_kind_and_caps_the_hour_but_never_failed(tmp_path, fake_clock):
+    clock = fake_clock()
     cfg = AlertConfig(min_interval_s=60, max_per_hour=3)
     limiter = RateLimiter(cfg, AlertState(tmp_path / "alerts.json"), clock)
     assert limiter.allow("stalled")
@@ -194,10 +186,10 @@ def _trainer_status(paths: RunPaths, step: int) -> None:
     )
 
 
-def test_watcher_tells_started_first_step_and_a_stall_once(tmp_path, webhook_sink):
+def test_watcher_tells_started_first_step_and_a_stall_once(tmp_path, webhook_sink, fake_clock):
     cfg, paths = _run(tmp_path, stall_after_min=10, min_interval_s=0)
     paths.task_log("trainer", 0).write_text("step 3/9 reward 0.5\nwaiting for the spool\n")
-    clock = FakeClock()
+    clock = fake_clock()
     deliver = apprise_delivery([webhook_sink.url], timeout_s=20)
     notifier = Notifier(
         cfg.observe.alerts,
@@ -290,9 +282,9 @@ def test_failed_alert_from_the_command_line_carries_the_reason_and_log_tail(tmp_
     assert webhook_sink.token not in result.stderr + result.stdout
 
 
-def test_finished_alert_summarises_steps_reward_time_and_cost(tmp_path):
+def test_finished_alert_summarises_steps_reward_time_and_cost(tmp_path, fake_clock):
     cfg, paths = _run(tmp_path)
-    clock = FakeClock()
+    clock = fake_clock()
     from relax_hpc.observe.cost import CostLedger
 
     ledger = CostLedger(paths.cost_ledger, clock)

@@ -12,14 +12,6 @@ from relax_hpc.observe.cost import CostLedger, device_hours, role_devices, step_
 from relax_hpc.paths import RunPaths, atomic_write_text
 
 
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 def _devices(*overrides: str):
     cfg = compose_run_config(list(overrides))
     return role_devices(json.loads(build_job_plan(cfg, "/tmp/r").to_json()))
@@ -51,8 +43,8 @@ def test_cpu_run_counts_cpu_hours():
     assert device_hours(devices, 3600)["cost/cpu_hours/total"] == sum(d.count for d in devices)
 
 
-def test_ledger_sums_attempts_and_the_running_one(tmp_path):
-    clock = FakeClock()
+def test_ledger_sums_attempts_and_the_running_one(tmp_path, fake_clock):
+    clock = fake_clock(now=0.0)
     ledger = CostLedger(tmp_path / "cost.json", clock)
     ledger.start_attempt("9", 0)
     clock.now = 100.0

@@ -9,17 +9,9 @@ from relax_hpc.launch.summary import ProgressReporter, summary_lines
 from relax_hpc.paths import RunPaths, atomic_write_json
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-def test_progress_line_shows_rate_eta_and_eval(tmp_path):
+def test_progress_line_shows_rate_eta_and_eval(tmp_path, fake_clock):
     paths = RunPaths(tmp_path).create()
-    clock, stream = Clock(), io.StringIO()
+    clock, stream = fake_clock(now=0.0), io.StringIO()
     reporter = ProgressReporter(paths, total_steps=100, stream=stream, clock=clock)
     assert reporter.line() is None  # nothing before the trainer's first status
     atomic_write_json(

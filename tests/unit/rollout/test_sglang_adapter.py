@@ -2,14 +2,14 @@
 
 The response fixtures in tests/data/sglang/ follow the shape read from SGLang 0.5.6.post2's
 source (tokenizer_manager, schedule_batch); they were not recorded on a GPU (see the README
-there). ``StandInSGLang`` replays them in place of ``sglang.Engine`` so that the bookkeeping of
+there). A stand-in (the ``sglang_stand_in`` fixture of tests/unit/conftest.py) replays them in
+place of ``sglang.Engine`` so that the bookkeeping of
 ``SGLangEngine`` (policy versions, failures, drain) is checked here; the real engine is
 exercised by tests/gpu/test_sglang_engine.py.
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
 from pathlib import Path
 
@@ -216,68 +216,9 @@ def test_original_logprob_mode_of_sglang_is_refused():
 
 
 # --- SGLangEngine bookkeeping with a stand-in for sglang.Engine ---------------------------------
-class StandInTokenizerManager:
-    def __init__(self) -> None:
-        self.aborted: list[bool] = []
-        self.paused: list[bool] = []
-
-    def abort_request(self, rid: str = "", abort_all: bool = False) -> None:
-        self.aborted.append(abort_all)
-
-    async def pause_generation(self, *request) -> None:
-        self.paused.append(True)
-
-    async def continue_generation(self, *request) -> None:
-        self.paused.append(False)
-
-
-class StandInLoop:
-    def is_running(self) -> bool:
-        return False  # no generate() in flight: the abort runs directly
-
-    def run_until_complete(self, coroutine):
-        return asyncio.run(coroutine)
-
-
-class StandInSGLang:
-    """Answers like ``sglang.Engine``; ``results`` scripts the control calls' replies."""
-
-    def __init__(self, outputs: list[dict], **server_args) -> None:
-        self.server_args = server_args
-        self.outputs = outputs
-        self.calls: list[tuple[str, dict]] = []
-        self.results: dict[str, object] = {}
-        self.tokenizer_manager = StandInTokenizerManager()
-        self.loop = StandInLoop()
-
-    def generate(self, **kwargs):
-        self.calls.append(("generate", kwargs))
-        return self.outputs
-
-    def __getattr__(self, name: str):
-        def call(**kwargs):
-            self.calls.append((name, kwargs))
-            return self.results.get(name, (True, "ok", 0))
-
-        return call
-
-
-def stand_in_engine(outputs: list[dict] | None = None) -> tuple[SGLangEngine, StandInSGLang]:
-    made: list[StandInSGLang] = []
-
-    def launch(**server_args) -> StandInSGLang:
-        made.append(StandInSGLang(outputs or [], **server_args))
-        return made[0]
-
-    engine = SGLangEngine(
-        "/models/qwen3", tensor_parallel=2, mem_fraction=0.7, launch=launch, seeded=True
-    )
-    return engine, made[0]
-
-
-def test_engine_launches_one_sglang_engine_per_tp_group_and_parses_its_batch():
+def test_engine_launches_one_sglang_engine_per_tp_group_and_parses_its_batch(sglang_stand_in):
     data, requests, params = fixture_call("batch_eos_stop_length.json")
-    engine, sglang = stand_in_engine(data["outputs"])
+    engine, sglang = sglang_stand_in(data["outputs"])
     assert sglang.server_args["tp_size"] == 2
     assert sglang.server_args["mem_fraction_static"] == 0.7
     completions = engine.generate(requests, params)
@@ -287,8 +228,8 @@ def test_engine_launches_one_sglang_engine_per_tp_group_and_parses_its_batch():
     assert {c.policy_version for c in completions} == {0}
 
 
-def test_policy_version_changes_only_after_sglang_reports_success(tmp_path):
-    engine, sglang = stand_in_engine()
+def test_policy_version_changes_only_after_sglang_reports_success(tmp_path, sglang_stand_in):
+    engine, sglang = sglang_stand_in()
     sglang.results["update_weights_from_tensor"] = (False, "shape mismatch")
     with pytest.raises(SGLangCallFailed, match="shape mismatch"):
         engine.load_state_dict({"w": torch.ones(2)}, policy_version=3)
@@ -302,14 +243,14 @@ def test_policy_version_changes_only_after_sglang_reports_success(tmp_path):
     assert engine.policy_version == 4
 
 
-def test_weight_updates_go_in_chunks_and_flush_the_cache_once(monkeypatch):
+def test_weight_updates_go_in_chunks_and_flush_the_cache_once(monkeypatch, sglang_stand_in):
     """SGLang allocates every tensor of a call on the GPU first: a whole model at once can
     exhaust what the KV cache left. 1 KiB chunks over 5 x 400-byte tensors -> 3 calls."""
     from relax_hpc.rollout.engines import sglang_engine
     from relax_hpc.weightsync.protocol import TensorSpec
 
     monkeypatch.setattr(sglang_engine, "UPDATE_CHUNK_BYTES", 1024)
-    engine, sglang = stand_in_engine()
+    engine, sglang = sglang_stand_in()
     tensors = {f"w{i}": torch.ones(100) for i in range(5)}  # float32: 400 bytes each
     engine.load_state_dict(tensors, policy_version=1)
     calls = [kw for name, kw in sglang.calls if name == "update_weights_from_tensor"]
@@ -327,34 +268,21 @@ def test_weight_updates_go_in_chunks_and_flush_the_cache_once(monkeypatch):
     assert engine.policy_version == 2
 
 
-def test_layouts_with_more_ranks_than_one_tp_group_are_refused():
+def test_layouts_with_more_ranks_than_one_tp_group_are_refused(sglang_stand_in):
     with pytest.raises(ValueError, match="dp_size"):
-        SGLangEngine("/m", extra_server_args={"dp_size": 2}, launch=StandInSGLang, seeded=True)
+        sglang_stand_in(extra_server_args={"dp_size": 2})
 
 
-def test_memory_saver_keeps_a_cpu_copy_of_the_weights():
-    made = []
-
-    def launch(**server_args):
-        made.append(StandInSGLang([], **server_args))
-        return made[-1]
-
-    SGLangEngine("/m", memory_saver=True, launch=launch, seeded=True)
-    assert made[0].server_args["enable_weights_cpu_backup"] is True
+def test_memory_saver_keeps_a_cpu_copy_of_the_weights(sglang_stand_in):
+    _, sglang = sglang_stand_in(memory_saver=True)
+    assert sglang.server_args["enable_weights_cpu_backup"] is True
 
 
-def test_colocation_releases_everything_and_takes_back_weights_then_the_rest():
+def test_colocation_releases_everything_and_takes_back_weights_then_the_rest(sglang_stand_in):
     """mode=sync: released after a batch; a weight update resumes the weights only (SGLang
     cannot write into released memory), the next generate resumes the KV cache too."""
     data, requests, params = fixture_call("batch_eos_stop_length.json")
-    made = []
-
-    def launch(**server_args):
-        made.append(StandInSGLang(data["outputs"], **server_args))
-        return made[-1]
-
-    engine = SGLangEngine("/m", memory_saver=True, launch=launch, seeded=True)
-    sglang = made[0]
+    engine, sglang = sglang_stand_in(data["outputs"], memory_saver=True)
 
     def memory_calls():
         """The calls since the last look, memory calls with their tags."""
@@ -378,8 +306,8 @@ def test_colocation_releases_everything_and_takes_back_weights_then_the_rest():
     assert memory_calls() == []  # nothing left to resume
 
 
-def test_drain_aborts_every_in_flight_request_and_memory_calls_need_the_saver():
-    engine, sglang = stand_in_engine()
+def test_drain_aborts_every_in_flight_request_and_memory_calls_need_the_saver(sglang_stand_in):
+    engine, sglang = sglang_stand_in()
     engine.abort_in_flight()
     assert sglang.tokenizer_manager.aborted == [True]
     with pytest.raises(ValueError, match="memory_saver=True"):
@@ -389,9 +317,9 @@ def test_drain_aborts_every_in_flight_request_and_memory_calls_need_the_saver():
     assert sglang.tokenizer_manager.paused == [True, False]
 
 
-def test_loader_starts_sglang_from_the_verified_export_on_disk(tmp_path):
+def test_loader_starts_sglang_from_the_verified_export_on_disk(tmp_path, sglang_stand_in):
     paths = RunPaths(tmp_path).create()
-    engine, sglang = stand_in_engine()
+    engine, sglang = sglang_stand_in()
     loader = SGLangWeightLoader(engine)
     assert loader.load_latest_published(paths) is None  # nothing published yet
     fs_export.publish_weights(paths, {"w": torch.arange(4.0)}, policy_version=5)
@@ -404,14 +332,14 @@ def test_loader_starts_sglang_from_the_verified_export_on_disk(tmp_path):
     assert engine.policy_version == 5  # the rollout stamps it after the receiver verified
 
 
-def test_loader_refuses_a_corrupt_export(tmp_path):
+def test_loader_refuses_a_corrupt_export(tmp_path, sglang_stand_in):
     paths = RunPaths(tmp_path).create()
     fs_export.publish_weights(paths, {"w": torch.arange(4.0)}, policy_version=2)
     weights_file = paths.weights_version_dir(2) / fs_export.WEIGHTS_FILE
     data = bytearray(weights_file.read_bytes())
     data[-1] ^= 0xFF
     weights_file.write_bytes(bytes(data))
-    engine, sglang = stand_in_engine()
+    engine, sglang = sglang_stand_in()
     assert SGLangWeightLoader(engine).load_latest_published(paths) is None
     assert not any(name == "update_weights_from_disk" for name, _ in sglang.calls)
     assert engine.policy_version == 0

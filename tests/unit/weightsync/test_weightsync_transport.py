@@ -9,7 +9,6 @@ import torch
 from relax_hpc.config.weightsync import run_backend
 from relax_hpc.paths import RunPaths
 from relax_hpc.rollout.engines.sglang_adapter import SGLangCallFailed
-from relax_hpc.rollout.engines.sglang_engine import SGLangEngine
 from relax_hpc.rollout.sglang_weights import SGLangDistributedTarget
 from relax_hpc.weightsync import (
     PerTensorReceiver,
@@ -91,29 +90,11 @@ def test_tensor_checksum_sees_any_changed_element(algo, tensor):
     assert tensor_checksum(changed.reshape(tensor.shape), algo) != base
 
 
-class StandInSGLang:
-    def __init__(self, **server_args) -> None:
-        self.server_args = server_args
-        self.calls: list[tuple[str, dict]] = []
-        self.results: dict[str, object] = {}
-
-    def __getattr__(self, name: str):
-        def call(**kwargs):
-            self.calls.append((name, kwargs))
-            return self.results.get(name, (True, "ok"))
-
-        return call
-
-
-def stand_in_target() -> tuple[SGLangDistributedTarget, SGLangEngine, StandInSGLang]:
-    made = []
-
-    def launch(**server_args):
-        made.append(StandInSGLang(**server_args))
-        return made[0]
-
-    engine = SGLangEngine("/models/qwen3", tensor_parallel=2, launch=launch, seeded=True)
-    return SGLangDistributedTarget(engine), engine, made[0]
+@pytest.fixture
+def stand_in_target(sglang_stand_in):
+    """A ``SGLangDistributedTarget`` over an engine of 2 TP ranks, and the stand-in."""
+    engine, sglang = sglang_stand_in()
+    return SGLangDistributedTarget(engine), engine, sglang
 
 
 SPECS = [
@@ -122,8 +103,8 @@ SPECS = [
 ]
 
 
-def test_sglang_joins_at_its_rank_offset_and_receives_the_manifest_in_order():
-    target, engine, sglang = stand_in_target()
+def test_sglang_joins_at_its_rank_offset_and_receives_the_manifest_in_order(stand_in_target):
+    target, engine, sglang = stand_in_target
     assert target.num_ranks == 2
     endpoint = GroupEndpoint("10.0.0.1", 29600, 3, 5, "relax_hpc_weights_ab_1", "nccl")
     target.join_group(endpoint)
@@ -156,8 +137,8 @@ def test_sglang_joins_at_its_rank_offset_and_receives_the_manifest_in_order():
     )
 
 
-def test_a_failed_sglang_update_raises_and_leaving_never_does():
-    target, engine, sglang = stand_in_target()
+def test_a_failed_sglang_update_raises_and_leaving_never_does(stand_in_target):
+    target, engine, sglang = stand_in_target
     target.join_group(GroupEndpoint("h", 1, 1, 3, "g", "nccl"))
     sglang.results["update_weights_from_distributed"] = (False, "Failed to update parameter")
     with pytest.raises(SGLangCallFailed, match="Failed to update parameter"):
