@@ -70,6 +70,7 @@ def reward_curve(run_dir: Path) -> list[float]:
     return [e.value for e in events.Scalars("reward/mean")]
 
 
+@pytest.mark.slow
 def test_grpo_tiny_hetjob_runs_to_completion_and_learns(tmp_path, smtp_sink, webhook_sink):
     run_dir = tmp_path / "run"
     urls = {"RELAX_HPC_ALERT_URLS": f"{smtp_sink.url} {webhook_sink.url}"}
@@ -127,6 +128,7 @@ def second_job_by_hand(paths: RunPaths) -> str:
     return out.stdout.strip().split(";")[0]
 
 
+@pytest.mark.slow
 def test_cancel_stops_with_a_checkpoint_and_no_requeue(tmp_path):
     """Also: while the job runs, a second submit is refused and a second job submitted by
     hand stops at the run directory's lock without touching the run."""
@@ -244,6 +246,7 @@ def kill_trainer(run_dir: Path) -> None:
     subprocess.run(["pkill", "-KILL", "-f", pattern], check=True, timeout=30)
 
 
+@pytest.mark.slow
 def test_preempted_four_ways_the_sync_run_ends_as_if_never_interrupted(tmp_path, webhook_sink):
     """One sync-mode run, stopped four ways: an advance warning (USR1 to the batch shell:
     checkpoint, then requeue), a requeue by the operator (scontrol requeue: TERM, then the
