@@ -117,6 +117,30 @@ class TrainerBackend(Protocol):
         ...
 
 
+class BackendBase:
+    """What every backend keeps: its config, this rank's place and device, the networks."""
+
+    def __init__(
+        self,
+        trainer: TrainerConfig,
+        device: torch.device,
+        dtype: torch.dtype,
+        rank: int,
+        world_size: int,
+    ) -> None:
+        self.trainer = trainer
+        self.device = device
+        self.dtype = dtype
+        self.rank = rank  # of the trainer's processes (not necessarily the data-parallel rank)
+        self.world_size = world_size
+        self._nets: Networks | None = None
+
+    @property
+    def nets(self) -> Networks:
+        assert self._nets is not None, "build_networks first"
+        return self._nets
+
+
 # trainer.backend -> "module:class"; imported only when chosen (megatron is GPU-only).
 BACKENDS = {
     "torch": "relax_hpc.trainer.torch_backend:TorchBackend",

@@ -19,8 +19,8 @@ from torch import Tensor
 
 from relax_hpc.algo import entropy_from_logits
 from relax_hpc.checkpoint.stateful import ModelAndOptimizer, OpaqueState, Stateful
-from relax_hpc.config.schema import TrainerConfig
 from relax_hpc.trainer.backend import (
+    BackendBase,
     HFNetworks,
     MicroLossFn,
     Networks,
@@ -172,28 +172,8 @@ def full_policy_weights(policy: torch.nn.Module, world_size: int) -> dict[str, T
     )
 
 
-class TorchBackend:
+class TorchBackend(BackendBase):
     """``TrainerBackend`` of transformers models; FSDP2 over the trainer's ranks."""
-
-    def __init__(
-        self,
-        trainer: TrainerConfig,
-        device: torch.device,
-        dtype: torch.dtype,
-        rank: int,
-        world_size: int,
-    ) -> None:
-        self.trainer = trainer
-        self.device = device
-        self.dtype = dtype
-        self.rank = rank
-        self.world_size = world_size
-        self._nets: Networks | None = None
-
-    @property
-    def nets(self) -> Networks:
-        assert self._nets is not None, "build_networks first"
-        return self._nets
 
     def build_networks(self, hf: HFNetworks) -> Networks:
         t = self.trainer

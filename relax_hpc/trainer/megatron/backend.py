@@ -13,6 +13,7 @@ the spool and weight sync.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +22,7 @@ from torch import Tensor
 
 from relax_hpc.checkpoint.stateful import Stateful
 from relax_hpc.config.schema import TrainerConfig
-from relax_hpc.trainer.backend import HFNetworks, Networks
+from relax_hpc.trainer.backend import BackendBase, HFNetworks, Networks
 from relax_hpc.trainer.megatron import mapping
 from relax_hpc.trainer.megatron.checkpoint import MegatronModelState
 from relax_hpc.trainer.megatron.critic import build_value_network
@@ -101,27 +102,12 @@ def megatron_settings(trainer: TrainerConfig, device: torch.device, dtype: torch
     )
 
 
-class MegatronBackend:
+class MegatronBackend(BackendBase):
     """``TrainerBackend`` of ``MegatronModel``s; Megatron's parallel state is set up once."""
 
-    def __init__(
-        self,
-        trainer: TrainerConfig,
-        device: torch.device,
-        dtype: torch.dtype,
-        rank: int,
-        world_size: int,
-    ) -> None:
-        self.trainer = trainer
-        self.device = device
-        # Rank and world size come from Megatron's parallel state once it is set up.
-        self.settings = megatron_settings(trainer, device, dtype)
-        self._nets: Networks | None = None
-
-    @property
-    def nets(self) -> Networks:
-        assert self._nets is not None, "build_networks first"
-        return self._nets
+    @functools.cached_property
+    def settings(self) -> MegatronSettings:
+        return megatron_settings(self.trainer, self.device, self.dtype)
 
     def build_networks(self, hf: HFNetworks) -> Networks:
         from megatron.core import parallel_state
