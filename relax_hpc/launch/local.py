@@ -88,7 +88,7 @@ class LocalExecutor:
 
     def _decide(self, trainer_rc: int, restart_count: int) -> StartEnd:
         if self.interrupted:
-            cancelled_by = f"SIG{self.interrupted}"
+            cancelled_by = self.interrupted  # a signal's name, e.g. SIGINT
         elif self.paths.cancel_request.exists():
             cancelled_by = "python -m relax_hpc.cancel"
         else:
@@ -112,7 +112,7 @@ class LocalExecutor:
         first = self._wait_for_first_exit()
         if first.exit_code not in (exitcodes.DONE, exitcodes.STOPPED) and not self.interrupted:
             self._report_crash(first)
-        elif first.exit_code == 0:
+        elif first.exit_code == exitcodes.DONE:
             self._wait_for_role(first.role)  # like an srun step: it ends when all its tasks end
         self._stop_all(signal.SIGTERM)
         return self._exit_code_of("trainer")

@@ -179,3 +179,35 @@ def test_distributed_update_through_the_per_tensor_transport(served, tmp_path):
     assert_logprobs_follow_the_convention(new_model.cuda(), completions, 1.0)
     receiver.close()
     sender.close()
+
+
+def test_colocation_releases_gpu_memory_and_takes_it_back(tmp_path):
+    """mode=sync: a released engine frees GPU memory; a weight update resumes the weights
+    (not yet the KV cache), the next generation resumes everything and is unchanged."""
+    model_dir = tmp_path / "tiny-qwen3"
+    model, tokenizer = random_qwen3(seed=0)
+    model.save_pretrained(model_dir)
+    tokenizer.save_pretrained(model_dir)
+    engine = SGLangEngine(
+        model_dir,
+        mem_fraction=0.2,
+        dtype="bfloat16",
+        memory_saver=True,
+        extra_server_args={"disable_cuda_graph": True},
+    )
+    try:
+        greedy = SamplingParams(greedy=True, max_new_tokens=MAX_NEW_TOKENS)
+        before = [c.token_ids for c in engine.generate(make_requests(tokenizer), greedy)]
+        free_serving = torch.cuda.mem_get_info()[0]
+        engine.release_memory()
+        free_released = torch.cuda.mem_get_info()[0]
+        assert free_released - free_serving > 0.1 * torch.cuda.mem_get_info()[1]  # KV cache
+        engine.load_state_dict(model.state_dict(), policy_version=1)  # the same weights
+        assert torch.cuda.mem_get_info()[0] > free_serving  # the KV cache is still out
+        after = [c.token_ids for c in engine.generate(make_requests(tokenizer), greedy)]
+        assert after == before
+        engine.release_memory()
+        again = [c.token_ids for c in engine.generate(make_requests(tokenizer), greedy)]
+        assert again == before  # weights restored from SGLang's CPU backup
+    finally:
+        engine.shutdown()

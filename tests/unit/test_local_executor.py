@@ -115,7 +115,7 @@ def test_an_interrupt_is_forwarded_and_the_trainer_checkpoints(tmp_path):
     threading.Thread(target=interrupt_when_ready, daemon=True).start()
     try:
         assert run.run() == 0  # a stop on request is not a failure (as on Slurm)
-        assert run.end.outcome == "cancelled" and "SIGINT" in run.end.detail
+        assert run.end.outcome == "cancelled" and "(SIGINT)" in run.end.detail
     finally:
         signal.signal(signal.SIGINT, previous)
     assert (tmp_path / "trainer-checkpointed").read_text() == "SIGTERM"
