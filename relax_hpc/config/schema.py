@@ -117,7 +117,10 @@ class DataConfig:
     kind: str = "synthetic_addition"  # jsonl | parquet | synthetic_addition
     path: str | None = None  # training prompts (jsonl/parquet)
     eval_path: str | None = None  # held-out prompts
-    prompt_key: str = "prompt"
+    # A published layout (relax_hpc/data/schemas.py: dapo_math | geo3k | prompt_label) that
+    # fixes the keys below and the image column, or custom (the keys as given).
+    schema: str = "custom"
+    prompt_key: str = "prompt"  # dotted keys reach into nested columns
     answer_key: str = "answer"
     system_prompt: str | None = None
     apply_chat_template: bool = True
