@@ -6,7 +6,6 @@ supervisor and components a Slurm job runs.
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 import sys
 
@@ -39,12 +38,8 @@ def test_a_model_folder_written_by_transformers5_trains_two_steps(transformers5_
     assert "building it from tokenizer.json" in paths.task_log("trainer", 0).read_text()
 
 
-def test_a_model_folder_that_cannot_load_exits_2_once(transformers5_folder, tmp_path):
-    folder, _, _ = transformers5_folder
-    broken = tmp_path / "broken-model"
-    shutil.copytree(folder, broken)
-    weights = broken / "model.safetensors"
-    weights.write_bytes(weights.read_bytes()[:200])  # an interrupted copy
+def test_a_model_folder_that_cannot_load_exits_2_once(broken_model_folder, tmp_path):
+    broken = broken_model_folder
     run_dir = tmp_path / "run"
     result = submit(run_dir, *own_model(broken), "cluster.max_restarts=3", timeout_s=300)
     assert result.returncode == 2, failure_report(result, run_dir)
