@@ -9,7 +9,9 @@
 - data: a few rows in the recipe's schema (``relax_hpc.data.schemas``), which
   ``write_miniature_data`` writes into the run directory; a held-out file when the recipe
   evaluates;
-- ``cluster=local`` with no restarts (a fault shows at once), weights over buckets (Gloo).
+- ``cluster=local`` with no restarts (a fault shows at once), weights over buckets (Gloo);
+- no alerts: a smoke test on a laptop does not page the team's channel (the run watcher
+  still runs and keeps the cost ledger).
 
 What the miniature checks stays the recipe's own: reward, algorithm, mode and staleness,
 data schema and keys, chat template setting. Families whose modality the CPU path cannot
@@ -88,6 +90,7 @@ def miniaturize(cfg: RunConfig, data_dir: Path) -> RunConfig:
         cluster=replace(cfg.cluster, kind="local", max_restarts=0),
         weightsync=replace(cfg.weightsync, transport="buckets", backend="auto"),
         spool=replace(cfg.spool, poll_s=min(cfg.spool.poll_s, SPOOL_POLL_S)),
+        observe=replace(cfg.observe, alerts=replace(cfg.observe.alerts, events=[])),
     )
 
 
