@@ -148,3 +148,12 @@ def test_the_submitting_interpreter_runs_the_job_unless_overridden(tmp_path):
     argv = ["+experiment=grpo_tiny", f"run_dir={other}", "prepare_only=true"]
     assert submit.run([*argv, "cluster.python=python3"]) == 0  # looked up on PATH in the job
     assert load_run_config(other / "config.yaml").cluster.python == "python3"
+
+
+def test_megatron_runs_only_the_architectures_its_mapping_covers():
+    from relax_hpc.resolve import check_megatron_architecture
+
+    check_megatron_architecture(compose_run_config(["+experiment=grpo_qwen3_moe"]))
+    llama = compose_run_config(["+experiment=grpo_qwen3", "model.architecture=LlamaForCausalLM"])
+    with pytest.raises(ConfigError, match="use trainer.backend=torch"):
+        check_megatron_architecture(llama)
