@@ -47,6 +47,7 @@ def test_the_multimodal_list_is_the_experiments_with_non_text_models():
     assert {name for name, modality in modalities.items() if modality != "text"} == set(MULTIMODAL)
 
 
+@pytest.mark.slow  # ~20 s on 2 free cores: three interpreters start, two steps run
 @pytest.mark.parametrize("name", TEXT)
 def test_the_miniature_runs_to_its_second_step_and_checkpoints(name, tmp_path):
     run_dir = tmp_path / "run"

@@ -9,6 +9,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
 from e2e_helpers import REPO, failure_report, submit
 
 from relax_hpc.paths import RunPaths, read_json
@@ -27,6 +28,7 @@ def own_model(folder) -> tuple[str, ...]:
     return (f"model.path={folder}", "model.tokenizer=auto", *TWO_SMALL_STEPS)
 
 
+@pytest.mark.slow
 def test_a_model_folder_written_by_transformers5_trains_two_steps(transformers5_folder, tmp_path):
     folder, _, _ = transformers5_folder
     run_dir = tmp_path / "run"
@@ -38,6 +40,7 @@ def test_a_model_folder_written_by_transformers5_trains_two_steps(transformers5_
     assert "building it from tokenizer.json" in paths.task_log("trainer", 0).read_text()
 
 
+@pytest.mark.slow
 def test_a_model_folder_that_cannot_load_exits_2_once(broken_model_folder, tmp_path):
     broken = broken_model_folder
     run_dir = tmp_path / "run"

@@ -135,7 +135,6 @@ def test_the_schemas_import_no_torch():
     import sys
 
     code = (
-        "import sys, relax_hpc.data.schemas;"
-        "assert not {'torch', 'transformers'} & set(sys.modules)"
+        "import sys, relax_hpc.data.schemas;assert not {'torch', 'transformers'} & set(sys.modules)"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
