@@ -108,6 +108,8 @@ LOGS_SUBDIR = "logs"
 RUN_LOCK_NAME = "control/run.lock"
 RUN_OWNER_NAME = "control/run.owner.json"
 WATCH_LOG_NAME = f"{LOGS_SUBDIR}/watch.log"  # the run watcher's output (batch script)
+# A step's configuration error; the batch script removes it when a start begins.
+CONFIG_ERROR_NAME = "status/config_error.json"
 
 
 def task_log_name(role: str, task: int | str) -> str:
@@ -298,6 +300,16 @@ class RunPaths:
     def export_dir(self) -> Path:
         """Default destination of the Hugging Face export at the end of a run."""
         return self.root / "export"
+
+    @property
+    def miniature_data_dir(self) -> Path:
+        """A miniature run's few rows of data, in the recipe's schema (``relax_hpc.miniature``)."""
+        return self.root / "miniature"
+
+    @property
+    def config_error(self) -> Path:
+        """Written by a component that exits with a configuration error: no restart helps."""
+        return self.root / CONFIG_ERROR_NAME
 
     def create(self) -> RunPaths:
         for folder in (

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 import torch
 
@@ -138,3 +140,175 @@ def webhook_sink():
     sink = WebhookSink().start()
     yield sink
     sink.stop()
+
+
+TRANSFORMERS5_ROPE_THETA = 1_000_000.0  # Qwen3's; 4.x's default (10000) must not win
+
+
+def write_transformers5_folder(folder):
+    """A tiny Qwen3 model folder laid out as transformers 5 saves it, built offline.
+
+    transformers 5 cannot be installed beside the pinned 4.x, so the folder is saved with
+    4.x and the fields that 5 writes differently are rewritten as 5 writes them (its
+    ``tokenization_utils_base.save_pretrained`` and ``Qwen3Config``):
+    - tokenizer_config.json: ``"tokenizer_class": "TokenizersBackend"`` (v5's generic fast
+      tokenizer class); no ``added_tokens_decoder`` and no ``additional_special_tokens``
+      (v5 drops both for TokenizersBackend tokenizers); ``extra_special_tokens`` as a list;
+      no special_tokens_map.json; the chat template only in chat_template.jinja;
+    - config.json: ``rope_parameters: {rope_type, rope_theta}`` in place of ``rope_theta``
+      and ``rope_scaling``; ``dtype`` (not ``torch_dtype``); ``transformers_version`` 5.
+    Returns the model as saved, for comparisons.
+    """
+    import json
+
+    import transformers
+
+    from relax_hpc.models.tokenizer import build_char_tokenizer
+
+    tokenizer = build_char_tokenizer()
+    tokenizer.add_special_tokens({"additional_special_tokens": ["<|im_end|>"]})
+    config = transformers.Qwen3Config(
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        head_dim=16,
+        max_position_embeddings=256,
+        tie_word_embeddings=True,
+        rope_theta=TRANSFORMERS5_ROPE_THETA,
+        vocab_size=len(tokenizer),
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+    )
+    torch.manual_seed(0)
+    model = transformers.Qwen3ForCausalLM(config).eval()
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+
+    settings_path = folder / "tokenizer_config.json"
+    settings = json.loads(settings_path.read_text())
+    settings["tokenizer_class"] = "TokenizersBackend"
+    settings["extra_special_tokens"] = settings.pop("additional_special_tokens")
+    settings.pop("added_tokens_decoder")
+    settings.pop("chat_template", None)
+    assert (folder / "chat_template.jinja").is_file()
+    settings_path.write_text(json.dumps(settings, indent=2, sort_keys=True))
+    (folder / "special_tokens_map.json").unlink()
+
+    config_path = folder / "config.json"
+    written = json.loads(config_path.read_text())
+    rope_theta = written.pop("rope_theta")
+    written.pop("rope_scaling")
+    written["rope_parameters"] = {"rope_type": "default", "rope_theta": rope_theta}
+    written["transformers_version"] = "5.0.0"
+    assert "dtype" in written and "torch_dtype" not in written
+    config_path.write_text(json.dumps(written, indent=2, sort_keys=True))
+    return model, tokenizer
+
+
+@pytest.fixture
+def broken_model_folder(transformers5_folder, tmp_path):
+    """A copy of the transformers 5 folder whose weights file was cut short (a bad copy)."""
+    import shutil
+
+    broken = tmp_path / "broken-model"
+    shutil.copytree(transformers5_folder[0], broken)
+    weights = broken / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:200])
+    return broken
+
+
+@pytest.fixture(scope="session")
+def transformers5_folder(tmp_path_factory):
+    """(folder, model as saved, tokenizer as saved) of ``write_transformers5_folder``."""
+    folder = tmp_path_factory.mktemp("transformers5") / "tiny-qwen3"
+    folder.mkdir()
+    model, tokenizer = write_transformers5_folder(folder)
+    return folder, model, tokenizer
+
+
+class FakeClock:
+    """A clock tests move by hand: ``clock.now += 60``."""
+
+    def __init__(self, now: float = 1_000_000.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def fake_clock():
+    """``clock = fake_clock()`` (or ``fake_clock(now=0.0)``)."""
+    return FakeClock
+
+
+# --- a stand-in for sglang.Engine (SGLang needs CUDA) ---------------------------------------------
+class StandInTokenizerManager:
+    def __init__(self) -> None:
+        self.aborted: list[bool] = []
+        self.paused: list[bool] = []
+
+    def abort_request(self, rid: str = "", abort_all: bool = False) -> None:
+        self.aborted.append(abort_all)
+
+    async def pause_generation(self, *request) -> None:
+        self.paused.append(True)
+
+    async def continue_generation(self, *request) -> None:
+        self.paused.append(False)
+
+
+class StandInLoop:
+    def is_running(self) -> bool:
+        return False  # no generate() in flight: the abort runs directly
+
+    def run_until_complete(self, coroutine):
+        return asyncio.run(coroutine)
+
+
+class StandInSGLang:
+    """Answers like ``sglang.Engine``; ``results`` scripts the control calls' replies."""
+
+    def __init__(self, outputs: list[dict], **server_args) -> None:
+        self.server_args = server_args
+        self.outputs = outputs
+        self.calls: list[tuple[str, dict]] = []
+        self.results: dict[str, object] = {}
+        self.tokenizer_manager = StandInTokenizerManager()
+        self.loop = StandInLoop()
+
+    def generate(self, **kwargs):
+        self.calls.append(("generate", kwargs))
+        return self.outputs
+
+    def __getattr__(self, name: str):
+        def call(**kwargs):
+            self.calls.append((name, kwargs))
+            return self.results.get(name, (True, "ok", 0))
+
+        return call
+
+
+@pytest.fixture
+def sglang_stand_in():
+    """``engine, sglang = sglang_stand_in(outputs, **SGLangEngine kwargs)``: an ``SGLangEngine``
+    over a ``StandInSGLang`` that answers ``generate`` with ``outputs``; ``sglang.calls``
+    records every call, ``sglang.results`` scripts the control calls' replies."""
+
+    def make(outputs: list[dict] | None = None, **engine_kwargs):
+        made: list[StandInSGLang] = []
+
+        def launch(**server_args) -> StandInSGLang:
+            made.append(StandInSGLang(outputs or [], **server_args))
+            return made[-1]
+
+        from relax_hpc.rollout.engines.sglang_engine import SGLangEngine
+
+        kwargs = {"tensor_parallel": 2, "mem_fraction": 0.7, "seeded": True, **engine_kwargs}
+        engine = SGLangEngine("/models/qwen3", launch=launch, **kwargs)
+        return engine, made[0]
+
+    return make

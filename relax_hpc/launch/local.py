@@ -21,7 +21,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from relax_hpc import exitcodes
-from relax_hpc.launch.outcome import StartEnd, decide_end
+from relax_hpc.launch.outcome import StartEnd, decide_end, recorded_config_error
 from relax_hpc.launch.plan import JobPlan, RolePlan
 from relax_hpc.paths import RunPaths, tail_text
 from relax_hpc.runtime import LOCAL_PREFIX, SUPERVISOR_PID_VAR
@@ -70,6 +70,7 @@ class LocalExecutor:
         self._install_signal_forwarding()
         restart_count = 0
         while True:
+            self.paths.config_error.unlink(missing_ok=True)  # each start finds its own
             self.watch.start(restart_count)
             trainer_rc = self._run_once(restart_count)
             self.watch.stop()
@@ -77,12 +78,12 @@ class LocalExecutor:
             self.watch.end(self.end.outcome, self.end.detail)
             if not self.end.requeue:
                 if self.end.outcome == "failed":
-                    print(f"relax_hpc: giving up: {self.end.detail}", file=sys.stderr)
+                    print(f"relax_hpc: {self.end.detail}", file=sys.stderr)
                 return self.end.exit_code
             restart_count += 1
             print(
                 f"relax_hpc: {self.end.detail}; restart {restart_count} of "
-                f"{self.plan.max_restarts}",
+                f"{self.plan.max_restarts} from the last complete checkpoint",
                 file=sys.stderr,
             )
 
@@ -96,6 +97,7 @@ class LocalExecutor:
         return decide_end(
             trainer_rc,
             trainer_done=self.paths.trainer_done.exists(),
+            config_error=recorded_config_error(self.paths),
             cancelled_by=cancelled_by,
             signal=None,
             restarts=restart_count,

@@ -1,9 +1,9 @@
 """How one start of a job ends: decided here, once, for every launcher.
 
 The trainer's exit code (``relax_hpc.exitcodes``) and what the run directory says decide:
-``finished``, ``failed`` (a config error, or restarts used up), ``cancelled`` (an operator's
-stop request) or ``requeued`` (a crash or a checkpointed stop on a signal: start again from
-the last complete checkpoint). The local executor calls ``decide_end``; the batch script
+``finished``, ``failed`` (a config error of any role, or restarts used up), ``cancelled``
+(an operator's stop request) or ``requeued`` (a crash or a checkpointed stop on a signal:
+start again from the last complete checkpoint). The local executor calls ``decide_end``; the batch script
 runs ``python -m relax_hpc.launch.outcome RUN_DIR --trainer-exit N ...`` and evaluates the
 shell assignments it prints.
 
@@ -18,7 +18,7 @@ import sys
 from dataclasses import dataclass
 
 from relax_hpc import exitcodes
-from relax_hpc.paths import RunPaths
+from relax_hpc.paths import RunPaths, read_json
 
 OUTCOMES = ("finished", "failed", "cancelled", "requeued")
 
@@ -38,20 +38,23 @@ def decide_end(
     trainer_exit: int,
     *,
     trainer_done: bool,
+    config_error: str | None,
     cancelled_by: str | None,
     signal: str | None,
     restarts: int,
     max_restarts: int,
 ) -> StartEnd:
-    """``cancelled_by``: who asked for a stop that must not be requeued (the cancel command,
+    """``config_error``: what a step of this start recorded (``status/config_error.json``);
+    ``cancelled_by``: who asked for a stop that must not be requeued (the cancel command,
     a local Ctrl-C); ``signal``: a signal forwarded to the steps (a preemption or the time
     limit on Slurm); ``restarts``: how many starts came before this one."""
     if trainer_done:
         return StartEnd("finished", "training complete", exitcodes.DONE)
     if trainer_exit == exitcodes.DONE:
         return StartEnd("finished", "trainer exited with 0", exitcodes.DONE)
-    if trainer_exit == exitcodes.CONFIG_ERROR:
-        detail = "configuration error (trainer exit 2): fix the run's config.yaml, resubmit"
+    if config_error is not None or trainer_exit == exitcodes.CONFIG_ERROR:
+        what = config_error or "trainer exit 2"
+        detail = f"configuration error: {what}; fix the run's config.yaml and resubmit"
         return StartEnd("failed", detail, exitcodes.CONFIG_ERROR)
     if cancelled_by:
         detail = f"stopped on request ({cancelled_by}); trainer exit {trainer_exit}"
@@ -59,12 +62,20 @@ def decide_end(
     if trainer_exit == exitcodes.STOPPED:
         detail = f"{signal or 'a stop request'}: the trainer checkpointed and exited with 75"
     else:
-        after = f" after {signal}" if signal else ""
-        detail = f"the trainer exited with {trainer_exit}{after}; resuming from the last complete checkpoint"
+        detail = f"the trainer exited with {trainer_exit}" + (f" after {signal}" if signal else "")
     if restarts >= max_restarts:
-        detail += f"; not requeued after {restarts} restarts (cluster.max_restarts={max_restarts})"
+        detail += f"; gave up after {restarts} restart(s) (cluster.max_restarts={max_restarts})"
         return StartEnd("failed", detail, exitcodes.FAILED)
     return StartEnd("requeued", detail, exitcodes.DONE)
+
+
+def recorded_config_error(paths: RunPaths) -> str | None:
+    """The message of the configuration error a step of this start recorded, if any."""
+    if not paths.config_error.exists():
+        return None
+    record = read_json(paths.config_error, default=None)
+    message = record.get("message") if isinstance(record, dict) else None
+    return str(message or "see the task logs")
 
 
 def shell_assignments(end: StartEnd) -> str:
@@ -90,6 +101,7 @@ def main(argv: list[str] | None = None) -> int:
     end = decide_end(
         args.trainer_exit,
         trainer_done=paths.trainer_done.exists(),
+        config_error=recorded_config_error(paths),
         cancelled_by="python -m relax_hpc.cancel" if paths.cancel_request.exists() else None,
         signal=args.signal or None,
         restarts=args.restarts,

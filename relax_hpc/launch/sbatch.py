@@ -16,6 +16,7 @@ from relax_hpc import exitcodes
 from relax_hpc.launch.plan import JobPlan, RolePlan
 from relax_hpc.paths import (
     BATCH_LOG_NAME,
+    CONFIG_ERROR_NAME,
     RUN_LOCK_NAME,
     RUN_OWNER_NAME,
     WATCH_LOG_NAME,
@@ -167,6 +168,9 @@ else
   printf '{{"host": "%s", "job_id": "%s", "pid": %s, "since": %s}}\\n' \\
     "$(hostname)" "$SLURM_JOB_ID" "$$" "$(date +%s)" >"$owner.tmp.$$" && mv -f "$owner.tmp.$$" "$owner"
 fi
+# A step that finds a configuration error records it here (any role): this start's own.
+config_error="$RELAX_HPC_RUN_DIR/{config_error}"
+rm -f "$config_error"
 
 # The run watcher (alerts: started/resumed, first step, stalled; the cost ledger) runs
 # beside the steps; end_job tells how this start ended. Both are bounded and never decide
@@ -267,6 +271,7 @@ def _body(plan: JobPlan) -> list[str]:
         run_lock=RUN_LOCK_NAME,
         run_owner=RUN_OWNER_NAME,
         watch_log=WATCH_LOG_NAME,
+        config_error=CONFIG_ERROR_NAME,
         lock_wait_s=plan.run_lock_wait_s,
         run_in_use=exitcodes.RUN_IN_USE,
         failed=exitcodes.FAILED,

@@ -18,6 +18,7 @@ from relax_hpc.paths import RunPaths, atomic_write_json
 def decide(trainer_exit: int, **facts):
     defaults = {
         "trainer_done": False,
+        "config_error": None,
         "cancelled_by": None,
         "signal": None,
         "restarts": 0,
@@ -33,6 +34,7 @@ def decide(trainer_exit: int, **facts):
         (-15, {"trainer_done": True}, "finished", exitcodes.DONE),  # killed after completing
         (exitcodes.CONFIG_ERROR, {}, "failed", exitcodes.CONFIG_ERROR),
         (exitcodes.CONFIG_ERROR, {"cancelled_by": "x"}, "failed", exitcodes.CONFIG_ERROR),
+        (exitcodes.STOPPED, {"config_error": "model.path: no"}, "failed", exitcodes.CONFIG_ERROR),
         (exitcodes.STOPPED, {"cancelled_by": "python -m relax_hpc.cancel"}, "cancelled", 0),
         (exitcodes.STOPPED, {"signal": "SIGUSR1"}, "requeued", exitcodes.DONE),
         (13, {}, "requeued", exitcodes.DONE),
@@ -50,7 +52,9 @@ def test_details_say_why():
     assert "SIGUSR1: the trainer checkpointed" in decide(75, signal="SIGUSR1").detail
     crashed = decide(-9, signal="SIGTERM", restarts=2, max_restarts=2).detail
     assert "exited with -9 after SIGTERM" in crashed
-    assert "not requeued after 2 restarts (cluster.max_restarts=2)" in crashed
+    assert "gave up after 2 restart(s) (cluster.max_restarts=2)" in crashed
+    rollout_found = decide(75, config_error="model.path: /m cannot be loaded").detail
+    assert rollout_found.startswith("configuration error: model.path: /m cannot be loaded")
 
 
 def shell_decision(run_dir, *args: str) -> dict[str, str]:
@@ -78,6 +82,10 @@ def test_the_batch_script_evaluates_the_same_decision(tmp_path):
     cancelled = shell_decision(tmp_path, "--trainer-exit", "75", "--signal", "", *common)
     assert cancelled["outcome"] == "cancelled" and cancelled["requeue"] == "0"
     assert cancelled["detail"] == "stopped on request (python -m relax_hpc.cancel); trainer exit 75"
+    atomic_write_json(paths.config_error, {"field": "data.path", "message": "data.path: gone"})
+    failed = shell_decision(tmp_path, "--trainer-exit", "75", *common)
+    assert (failed["outcome"], failed["exit_code"]) == ("failed", "2")
+    assert "data.path: gone" in failed["detail"]
     atomic_write_json(paths.trainer_done, {})
     assert shell_decision(tmp_path, "--trainer-exit", "-9", *common)["outcome"] == "finished"
 

@@ -2,7 +2,7 @@
 
 The response fixtures in tests/data/sglang/ follow the shape read from SGLang 0.5.6.post2's
 source (tokenizer_manager, schedule_batch); they were not recorded on a GPU (see the README
-there). A stand-in (the ``sglang_stand_in`` fixture of tests/unit/conftest.py) replays them in
+there). A stand-in (the ``sglang_stand_in`` fixture of tests/conftest.py) replays them in
 place of ``sglang.Engine`` so that the bookkeeping of
 ``SGLangEngine`` (policy versions, failures, drain) is checked here; the real engine is
 exercised by tests/gpu/test_sglang_engine.py.
