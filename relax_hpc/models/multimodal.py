@@ -176,7 +176,9 @@ def tiny_processor(family: str) -> MediaProcessor:
         patch_size=patch,
         merge_size=arch["vision_config"]["spatial_merge_size"],
         temporal_patch_size=arch["vision_config"]["temporal_patch_size"],
-        size={"shortest_edge": factor * factor, "longest_edge": 4 * factor * 4 * factor},
+        # min/max_pixels too: in transformers 4.57 their defaults override ``size``
+        min_pixels=factor * factor, max_pixels=(4 * factor) ** 2,
+        size={"shortest_edge": factor * factor, "longest_edge": (4 * factor) ** 2},
     )
     feature_extractor = None
     if "audio" in markup.modalities:

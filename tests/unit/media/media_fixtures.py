@@ -1,0 +1,31 @@
+"""Media helpers shared by the media tests (a uniquely named module, not ``conftest``)."""
+
+from __future__ import annotations
+
+import io
+
+import numpy as np
+import soundfile
+from PIL import Image
+
+
+def random_image(height: int, width: int, seed: int = 0) -> np.ndarray:
+    return np.random.default_rng(seed).integers(0, 256, (height, width, 3), dtype=np.uint8)
+
+
+def tone(seconds: float, frequency_hz: float = 440.0, rate_hz: int = 16000) -> np.ndarray:
+    t_s = np.arange(int(seconds * rate_hz)) / rate_hz
+    return (0.3 * np.sin(2 * np.pi * frequency_hz * t_s)).astype(np.float32)
+
+
+def png(array: np.ndarray, mode: str | None = None) -> bytes:
+    buffer = io.BytesIO()
+    image = Image.fromarray(array)
+    (image.convert(mode) if mode else image).save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
+def encoded_audio(samples: np.ndarray, rate_hz: int, fmt: str, subtype: str | None = None) -> bytes:
+    buffer = io.BytesIO()
+    soundfile.write(buffer, samples, rate_hz, format=fmt, subtype=subtype)
+    return buffer.getvalue()
