@@ -44,6 +44,45 @@ class MediaLimits:
             raise ValueError(f"media limits must be positive, got {self}")
 
 
+@dataclass(frozen=True)
+class MediaColumns:
+    """Which keys of a row hold its images and its audio (None: the modality is not read)."""
+
+    image_key: str | None = "images"
+    audio_key: str | None = "audio"
+
+
+def decode_row_media(
+    row: Mapping[str, Any],
+    columns: MediaColumns,
+    *,
+    sampling_rate_hz: int,
+    base_dir: str | Path | None = None,
+    limits: MediaLimits = MediaLimits(),
+    row_index: int | None = None,
+) -> tuple[list[Image.Image], list[np.ndarray]]:
+    """A row's images and clips; a missing or null column is no media of that kind."""
+    images, audio = [], []
+    if columns.image_key is not None:
+        images = decode_images(
+            row.get(columns.image_key),
+            base_dir=base_dir,
+            limits=limits,
+            row=row_index,
+            key=columns.image_key,
+        )
+    if columns.audio_key is not None:
+        audio = decode_audio(
+            row.get(columns.audio_key),
+            sampling_rate_hz=sampling_rate_hz,
+            base_dir=base_dir,
+            limits=limits,
+            row=row_index,
+            key=columns.audio_key,
+        )
+    return images, audio
+
+
 def media_items(value: Any) -> list[Any]:
     """A media value as a list of items (``None`` is no media)."""
     if value is None:

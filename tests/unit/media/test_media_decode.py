@@ -10,7 +10,14 @@ import pytest
 from media_fixtures import encoded_audio, png, random_image, tone
 from PIL import Image
 
-from relax_hpc.media.decode import MediaLimits, decode_audio, decode_images, resample
+from relax_hpc.media.decode import (
+    MediaColumns,
+    MediaLimits,
+    decode_audio,
+    decode_images,
+    decode_row_media,
+    resample,
+)
 from relax_hpc.media.errors import MediaError
 
 
@@ -113,3 +120,22 @@ def test_bad_audio_names_the_row_the_key_and_the_fix():
     nan_wav = encoded_audio(nan_clip, 16000, "WAV", subtype="FLOAT")
     assert "NaN" in _hit(nan_wav, sampling_rate_hz=16000).reason
     assert "sampling_rate" in _hit({"array": [0.0, 1.0]}, sampling_rate_hz=16000).reason
+
+
+def test_a_rows_media_columns_decode_together(tmp_path):
+    (tmp_path / "a.wav").write_bytes(encoded_audio(tone(0.5), 16000, "WAV"))
+    row = {"prompt": "<image><audio>", "pics": [png(random_image(4, 4))], "sound": "a.wav"}
+    images, audio = decode_row_media(
+        row, MediaColumns("pics", "sound"), sampling_rate_hz=16000, base_dir=tmp_path
+    )
+    assert len(images) == 1
+    np.testing.assert_allclose(audio[0], tone(0.5), atol=1e-4)  # 16-bit WAV
+    assert decode_row_media({"prompt": "x"}, MediaColumns(), sampling_rate_hz=16000) == ([], [])
+    with pytest.raises(MediaError, match="row 4, key 'sound'\\[0\\]: file .* does not exist"):
+        decode_row_media(
+            {"sound": ["b.wav"]},
+            MediaColumns(None, "sound"),
+            sampling_rate_hz=16000,
+            base_dir=tmp_path,
+            row_index=4,
+        )
