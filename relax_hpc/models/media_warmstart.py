@@ -19,10 +19,8 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import json
 import logging
 import random
-import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,8 +33,8 @@ from transformers import PreTrainedModel
 from relax_hpc.data.media_tasks import MediaExample, MediaTask, sloppy_label
 from relax_hpc.media.inputs import collate_media
 from relax_hpc.media.processor import MediaProcessor
-from relax_hpc.models.multimodal import build_tiny_media_model, tiny_arch
-from relax_hpc.models.warmstart import METADATA_NAME, _lr_factor, _publish
+from relax_hpc.models.multimodal import build_tiny_media_model, tiny_arch, tiny_processor
+from relax_hpc.models.warmstart import cached_training, fit_supervised
 
 log = logging.getLogger(__name__)
 
@@ -93,7 +91,7 @@ def media_warm_start(
             f"task {task_name!r} needs a model family of {TASK_FAMILIES.get(task_name)}, "
             f"not {family!r}"
         )
-    model, processor = build_tiny_media_model(family, arch, seed=cfg.seed)
+    processor = tiny_processor(family)
     key_fields = {
         "version": MEDIA_WARMSTART_VERSION,
         "family": family,
@@ -106,27 +104,13 @@ def media_warm_start(
         "split_seed": split_seed,
         "recipe": dataclasses.asdict(cfg),
     }
-    key = hashlib.sha256(json.dumps(key_fields, sort_keys=True).encode()).hexdigest()[:16]
-    folder = Path(cache_dir) / f"media-warmstart-{key}"
-    if (folder / METADATA_NAME).is_file():
-        log.info("media warm start: cached at %s", folder)
-        return folder
-    task = MediaTask(task_name, split_seed=split_seed)
-    started = time.monotonic()
-    final_loss = train_on_sloppy_media_teacher(model, processor, task, cfg)
-    metadata = {
-        "key": key,
-        "inputs": key_fields,
-        "final_loss": final_loss,
-        "train_s": round(time.monotonic() - started, 2),
-    }
-    log.info(
-        "media warm start: %d steps in %.1f s, loss %.4f",
-        cfg.steps,
-        metadata["train_s"],
-        final_loss,
-    )
-    return _publish(folder, model, processor, metadata)  # type: ignore[arg-type]
+
+    def train() -> tuple[PreTrainedModel, MediaProcessor, float]:
+        model, processor = build_tiny_media_model(family, arch, seed=cfg.seed)
+        task = MediaTask(task_name, split_seed=split_seed)
+        return model, processor, train_on_sloppy_media_teacher(model, processor, task, cfg)
+
+    return cached_training(Path(cache_dir), "media-warmstart", key_fields, train)
 
 
 def train_on_sloppy_media_teacher(
@@ -138,28 +122,17 @@ def train_on_sloppy_media_teacher(
     """Supervised training on teacher answers (loss on answer + EOS); returns the last loss."""
     generator = torch.Generator().manual_seed(cfg.seed)
     teacher_rng = random.Random(cfg.seed)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
-    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: _lr_factor(step, cfg))
-    model.train()
-    loss = torch.tensor(float("nan"))
-    for step in range(cfg.steps):
+
+    def next_batch() -> dict[str, Tensor]:
         indices = torch.randint(len(task.train), (cfg.batch_size,), generator=generator)
         examples = [task.example("train", i) for i in indices.tolist()]
         answers = [
             str(sloppy_label(e.label, cfg.correct_prob, cfg.favourite, teacher_rng) + 1)
             for e in examples
         ]
-        batch = supervised_media_batch(processor, examples, answers)
-        loss = model(**batch).loss
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
-        optimizer.step()
-        schedule.step()
-        if (step + 1) % 25 == 0:
-            log.info("media warm start: step %d/%d, loss %.4f", step + 1, cfg.steps, loss.item())
-    model.eval()
-    return loss.item()
+        return supervised_media_batch(processor, examples, answers)
+
+    return fit_supervised(model, cfg, next_batch, log_every_steps=25)
 
 
 def supervised_media_batch(

@@ -22,7 +22,6 @@ from typing import Any
 
 import torch
 import transformers
-from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
 from transformers import (
     PreTrainedModel,
     PreTrainedTokenizerFast,
@@ -32,7 +31,7 @@ from transformers import (
 
 from relax_hpc.media.markup import FAMILIES, MediaMarkup
 from relax_hpc.media.processor import MediaProcessor, read_config
-from relax_hpc.models.tokenizer import ALPHABET
+from relax_hpc.models.tokenizer import ALPHABET, char_level_backend
 
 ARCHITECTURES = {
     "qwen3_vl": "Qwen3VLForConditionalGeneration",
@@ -149,10 +148,7 @@ def chat_template(markup: MediaMarkup) -> str:
 def build_media_tokenizer(markup: MediaMarkup) -> PreTrainedTokenizerFast:
     """Characters + ChatML + media tokens; ``<|im_end|>`` ends a turn (EOS), left padding."""
     vocab = {token: i for i, token in enumerate([*SPECIAL_TOKENS, *ALPHABET])}
-    backend = Tokenizer(models.WordLevel(vocab=vocab, unk_token=UNK_TOKEN))
-    backend.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
-    backend.decoder = decoders.Fuse()
-    backend.add_special_tokens(list(SPECIAL_TOKENS))
+    backend = char_level_backend(vocab, SPECIAL_TOKENS, UNK_TOKEN)
     tokenizer = PreTrainedTokenizerFast(
         tokenizer_object=backend,
         pad_token=PAD_TOKEN,
@@ -177,7 +173,8 @@ def tiny_processor(family: str) -> MediaProcessor:
         merge_size=arch["vision_config"]["spatial_merge_size"],
         temporal_patch_size=arch["vision_config"]["temporal_patch_size"],
         # min/max_pixels too: in transformers 4.57 their defaults override ``size``
-        min_pixels=factor * factor, max_pixels=(4 * factor) ** 2,
+        min_pixels=factor * factor,
+        max_pixels=(4 * factor) ** 2,
         size={"shortest_edge": factor * factor, "longest_edge": (4 * factor) ** 2},
     )
     feature_extractor = None

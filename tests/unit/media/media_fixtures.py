@@ -6,6 +6,7 @@ import io
 
 import numpy as np
 import soundfile
+import torch
 from PIL import Image
 
 
@@ -29,3 +30,14 @@ def encoded_audio(samples: np.ndarray, rate_hz: int, fmt: str, subtype: str | No
     buffer = io.BytesIO()
     soundfile.write(buffer, samples, rate_hz, format=fmt, subtype=subtype)
     return buffer.getvalue()
+
+
+def left_padded(processor, processed) -> tuple[torch.Tensor, torch.Tensor]:
+    """Left-padded ids and attention mask of processed prompts (as engines batch them)."""
+    length = max(len(p.prompt_ids) for p in processed)
+    ids = torch.full((len(processed), length), processor.tokenizer.pad_token_id)
+    mask = torch.zeros_like(ids)
+    for row, p in enumerate(processed):
+        ids[row, length - len(p.prompt_ids) :] = torch.tensor(p.prompt_ids)
+        mask[row, length - len(p.prompt_ids) :] = 1
+    return ids, mask

@@ -8,7 +8,7 @@ import copy
 
 import pytest
 import torch
-from media_fixtures import random_image, tone
+from media_fixtures import left_padded, random_image, tone
 
 from relax_hpc.media.inputs import MediaBatch, collate_media, media_budget_chunks
 from relax_hpc.rollout.engines.base import GenerationRequest, SamplingParams
@@ -54,12 +54,8 @@ def setup(request, vl, omni):
 
 def hf_greedy(model, processor, processed, max_new_tokens):
     """``model.generate`` on the same left-padded batch, media tokens banned as ours are."""
-    length = max(len(p.prompt_ids) for p in processed)
-    ids = torch.full((len(processed), length), processor.tokenizer.pad_token_id)
-    mask = torch.zeros_like(ids)
-    for row, p in enumerate(processed):
-        ids[row, length - len(p.prompt_ids) :] = torch.tensor(p.prompt_ids)
-        mask[row, length - len(p.prompt_ids) :] = 1
+    ids, mask = left_padded(processor, processed)
+    length = ids.shape[1]
     with torch.no_grad():
         out = model.generate(
             input_ids=ids,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 import transformers
-from media_fixtures import random_image, tone
+from media_fixtures import left_padded, random_image, tone
 
 from relax_hpc.media.inputs import collate_media
 from relax_hpc.models.multimodal import (
@@ -18,12 +18,7 @@ from relax_hpc.models.multimodal import (
 def batch(processor, prompts):
     """Left-padded ids, mask and media kwargs of (text, images, audio) prompts."""
     processed = [processor.process(text, images, audio) for text, images, audio in prompts]
-    length = max(len(p.prompt_ids) for p in processed)
-    ids = torch.full((len(processed), length), processor.tokenizer.pad_token_id)
-    mask = torch.zeros_like(ids)
-    for row, p in enumerate(processed):
-        ids[row, length - len(p.prompt_ids) :] = torch.tensor(p.prompt_ids)
-        mask[row, length - len(p.prompt_ids) :] = 1
+    ids, mask = left_padded(processor, processed)
     return {
         "input_ids": ids,
         "attention_mask": mask,
