@@ -1,13 +1,27 @@
-"""Media helpers shared by the media tests (a uniquely named module, not ``conftest``)."""
+"""Helpers shared by the media tests.
+
+A uniquely named module, not a ``conftest.py``: a second ``conftest`` module would shadow
+the one other tests import by that name.
+"""
 
 from __future__ import annotations
 
+import functools
 import io
 
 import numpy as np
 import soundfile
 import torch
 from PIL import Image
+
+from relax_hpc.models.multimodal import build_tiny_media_model
+
+
+@functools.cache
+def tiny(family: str):
+    """(model, processor) of a tiny model of ``family``, built once per test process; tests
+    must leave it as they found it (no optimiser steps, gradients zeroed)."""
+    return build_tiny_media_model(family, seed=1)
 
 
 def random_image(height: int, width: int, seed: int = 0) -> np.ndarray:

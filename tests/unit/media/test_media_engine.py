@@ -8,7 +8,7 @@ import copy
 
 import pytest
 import torch
-from media_fixtures import left_padded, random_image, tone
+from media_fixtures import left_padded, random_image, tiny, tone
 
 from relax_hpc.media.inputs import MediaBatch, collate_media, media_budget_chunks
 from relax_hpc.rollout.engines.base import GenerationRequest, SamplingParams
@@ -40,8 +40,8 @@ PROMPTS = {
 
 
 @pytest.fixture(params=["qwen3_vl", "qwen2_5_omni"])
-def setup(request, vl, omni):
-    model, processor = vl if request.param == "qwen3_vl" else omni
+def setup(request):
+    model, processor = tiny(request.param)
     processed = [processor.process(*prompt) for prompt in PROMPTS[request.param]]
     requests = [
         GenerationRequest(
@@ -158,8 +158,8 @@ def test_samples_depend_on_seed_and_sample_id_not_on_the_batch(setup):
         assert a.logprobs == pytest.approx(b.logprobs, abs=1e-5)
 
 
-def test_media_tokens_are_never_written_even_by_a_model_that_prefers_them(vl):
-    model, processor = vl
+def test_media_tokens_are_never_written_even_by_a_model_that_prefers_them():
+    model, processor = tiny("qwen3_vl")
     model = copy.deepcopy(model)
     pad = processor.tokenizer.convert_tokens_to_ids(processor.markup.image_pad)
     with torch.no_grad():  # a huge image-pad logit (positive for this seed's hidden states)

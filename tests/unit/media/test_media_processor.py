@@ -6,7 +6,7 @@ from __future__ import annotations
 import h5py
 import pytest
 import torch
-from media_fixtures import random_image, tone
+from media_fixtures import random_image, tiny, tone
 
 from relax_hpc.data.media_tasks import MediaTask
 from relax_hpc.media.decode import decode_audio, decode_images
@@ -24,8 +24,8 @@ def counts(processor, ids):
     )
 
 
-def test_typed_parts_and_text_marks_give_the_same_tokens(omni):
-    _, processor = omni
+def test_typed_parts_and_text_marks_give_the_same_tokens():
+    _, processor = tiny("qwen2_5_omni")
     images, audio = [random_image(64, 64), random_image(30, 100, seed=3)], [tone(1.0)]
     typed = [
         {
@@ -50,8 +50,8 @@ def test_typed_parts_and_text_marks_give_the_same_tokens(omni):
     assert marked.text.endswith("?<|im_end|>\n<|im_start|>assistant\n")
 
 
-def test_a_prompt_without_marks_gets_its_media_first_and_no_template_works_too(vl):
-    _, processor = vl
+def test_a_prompt_without_marks_gets_its_media_first_and_no_template_works_too():
+    _, processor = tiny("qwen3_vl")
     image = random_image(64, 64)
     front = processor.process("what?", [image])
     assert front.prompt_ids == processor.process("<image>what?", [image]).prompt_ids
@@ -75,8 +75,8 @@ def test_audio_token_counts_follow_the_models_own_encoder_lengths(family):
     assert [markup.num_audio_tokens(n) for n in frames.tolist()] == expected.tolist()
 
 
-def test_fitted_images_give_exactly_what_the_image_processor_gives_the_original(vl):
-    _, processor = vl
+def test_fitted_images_give_exactly_what_the_image_processor_gives_the_original():
+    _, processor = tiny("qwen3_vl")
     originals = [random_image(70, 50), random_image(300, 200, seed=1), random_image(20, 20)]
     payload = processor.fit(originals, [])
     assert [i.shape for i in payload.images] == [(64, 64, 3), (128, 96, 3), (32, 32, 3)]
@@ -86,8 +86,8 @@ def test_fitted_images_give_exactly_what_the_image_processor_gives_the_original(
     assert torch.equal(rebuilt["image_grid_thw"], direct["image_grid_thw"])
 
 
-def test_row_to_inputs_to_stored_payload_to_identical_inputs(omni, tmp_path):
-    _, processor = omni
+def test_row_to_inputs_to_stored_payload_to_identical_inputs(tmp_path):
+    _, processor = tiny("qwen2_5_omni")
     task = MediaTask("pitch", eval_size=8)
     row = task.row("eval", 3)
     row["images"] = [{"bytes": MediaTask("shapes").row("eval", 1)["images"][0]["bytes"]}]
@@ -111,16 +111,17 @@ def test_row_to_inputs_to_stored_payload_to_identical_inputs(omni, tmp_path):
     assert stored.audio[0].nbytes < tensors["input_features"].numel() * 4
 
 
-def test_empty_payload_round_trips(vl):
-    _, processor = vl
+def test_empty_payload_round_trips():
+    _, processor = tiny("qwen3_vl")
     payload = processor.fit([], [])
     arrays, meta = payload.to_arrays()
     assert MediaPayload.from_arrays(arrays, meta) == payload
     assert processor.model_inputs(payload).tensors == {}
 
 
-def test_mismatches_are_media_errors_naming_the_fix(vl, omni):
-    _, processor = omni
+def test_mismatches_are_media_errors_naming_the_fix():
+    vl = tiny("qwen3_vl")
+    _, processor = tiny("qwen2_5_omni")
     with pytest.raises(MediaError, match="1 image and 0 audio slots for 2 images"):
         processor.process("<image>", [random_image(8, 8), random_image(8, 8)])
     with pytest.raises(MediaError, match="exceed the feature extractor's 2 s chunk"):
@@ -142,8 +143,8 @@ def test_mismatches_are_media_errors_naming_the_fix(vl, omni):
         vl_processor.process("<audio>", [], [tone(1.0)])
 
 
-def test_a_template_that_drops_media_parts_is_refused(vl):
-    _, processor = vl
+def test_a_template_that_drops_media_parts_is_refused():
+    _, processor = tiny("qwen3_vl")
     template = processor.tokenizer.chat_template
     processor.tokenizer.chat_template = "{% for m in messages %}{{ m['role'] }}{% endfor %}"
     try:
@@ -153,8 +154,8 @@ def test_a_template_that_drops_media_parts_is_refused(vl):
         processor.tokenizer.chat_template = template
 
 
-def test_ragged_batches_concatenate_media_in_row_order(omni):
-    _, processor = omni
+def test_ragged_batches_concatenate_media_in_row_order():
+    _, processor = tiny("qwen2_5_omni")
     rows = [
         processor.process(
             "<image><image><audio>", [random_image(56, 56), random_image(28, 56)], [tone(1.0)]

@@ -6,6 +6,7 @@ import json
 
 import pytest
 import torch
+from media_fixtures import tiny
 
 from relax_hpc.data.media_tasks import MediaTask
 from relax_hpc.models.media_warmstart import (
@@ -40,8 +41,8 @@ def test_warm_start_is_cached_keyed_and_loads_as_its_model_class(tmp_path):
     assert processor.fingerprint == build_tiny_media_model("qwen3_vl")[1].fingerprint
 
 
-def test_supervised_batch_puts_the_loss_on_answer_and_eos_only(vl):
-    _, processor = vl
+def test_supervised_batch_puts_the_loss_on_answer_and_eos_only():
+    _, processor = tiny("qwen3_vl")
     task = MediaTask("shapes", eval_size=4)
     examples = [task.example("eval", i) for i in range(2)]
     batch = supervised_media_batch(processor, examples, ["3", "1"])
