@@ -120,7 +120,9 @@ def to_sample(trajectory: Trajectory, group_id: str, data_index: int) -> Sample:
         num_turns=t.num_turns,
         timings_s={"episode": round(t.wall_s, 4), "tools": round(t.tool_wall_s, 4)},
         metadata={
-            "turns": [[turn.start, turn.num_model_tokens, turn.num_observation_tokens] for turn in t.turns],
+            "turns": [
+                [turn.start, turn.num_model_tokens, turn.num_observation_tokens] for turn in t.turns
+            ],
             "tool_calls": t.num_tool_calls,
             "tool_status": t.tool_status_counts,
             "observation_tokens": t.num_observation_tokens,

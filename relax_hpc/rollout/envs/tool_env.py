@@ -82,7 +82,9 @@ class ToolEnvironment(Environment):
         for index, block in enumerate(parsed.blocks):
             if index >= self.max_calls_per_turn:
                 reason = f"more than {self.max_calls_per_turn} tool calls in one turn"
-                pending.append(ToolResult("invalid", f"error: {reason}; this one was not run", reason))
+                pending.append(
+                    ToolResult("invalid", f"error: {reason}; this one was not run", reason)
+                )
             elif not isinstance(block, ToolCall):
                 pending.append(ToolResult("invalid", f"error: {block.message}", block.message))
             elif (problem := _call_problem(block, tools)) is not None:

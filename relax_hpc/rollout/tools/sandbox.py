@@ -163,7 +163,9 @@ class _Worker:
             status, output, reason = pickle.loads(payload)
         except (EOFError, OSError, pickle.UnpicklingError):
             reason = self._death_reason()
-            return ToolResult("crash", "error: the tool crashed", reason, time.monotonic() - started)
+            return ToolResult(
+                "crash", "error: the tool crashed", reason, time.monotonic() - started
+            )
         return ToolResult(status, output, reason, time.monotonic() - started)
 
     def kill(self) -> None:

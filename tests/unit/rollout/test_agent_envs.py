@@ -171,7 +171,9 @@ def test_python_math_shows_the_tool_in_the_prompt_runs_code_and_scores_math(runt
     ran = env.step(action(call))
     assert ran.observation.messages[0]["content"] == "4\n"
     sneaky = '{"code": "print(1)", "timeout_s": 999}'
-    refused = env.step(action(f'<tool_call>{{"name": "python", "arguments": {sneaky}}}</tool_call>'))
+    refused = env.step(
+        action(f'<tool_call>{{"name": "python", "arguments": {sneaky}}}</tool_call>')
+    )
     assert "unexpected argument ['timeout_s']" in refused.observation.messages[0]["content"]
     assert env.step(action("The answer is \\boxed{4}.", 1)).reward == 1.0
     assert env.step(action("The answer is \\boxed{5}.", 1)).reward == 0.0
@@ -219,7 +221,9 @@ def test_an_end_of_turn_token_is_not_written_twice():
     chat = ChatFormat(chatml_tokenizer())
     assert chat.turn_closing == "<|im_end|>\n"
     tool = [{"role": "tool", "content": "85"}]
-    body = "<|im_start|>user\n<tool_response>\n85\n</tool_response><|im_end|>\n<|im_start|>assistant\n"
+    body = (
+        "<|im_start|>user\n<tool_response>\n85\n</tool_response><|im_end|>\n<|im_start|>assistant\n"
+    )
     assert chat.observation_text(tool, "<|im_end|>") == "\n" + body
     assert chat.observation_text(tool, None) == "<|im_end|>\n" + body  # stopped at </tool_call>
     ids = chat.observation_ids(tool, None)
