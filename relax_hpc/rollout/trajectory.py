@@ -15,6 +15,8 @@ and in ``metadata``: ``turns`` ([start, model tokens, observation tokens] per tu
 ``tool_calls``, ``tool_status`` (calls per status other than ok), ``observation_tokens``,
 plus the environment's info under ``env``.
 
+``episode_metrics`` summarises a batch of trajectories for TensorBoard and the progress line.
+
 Must not: import torch, the engines or the trainer.
 """
 
@@ -129,3 +131,27 @@ def to_sample(trajectory: Trajectory, group_id: str, data_index: int) -> Sample:
             "env": t.info,
         },
     )
+
+
+def episode_metrics(trajectories: list[Trajectory]) -> dict[str, float]:
+    """Per-batch means and shares under ``agent/`` (one value per name, 0 for no episodes)."""
+    count = max(len(trajectories), 1)
+    tokens = sum(len(t.response_ids) for t in trajectories)
+    calls = sum(t.num_tool_calls for t in trajectories)
+    statuses: Counter[str] = Counter()
+    for t in trajectories:
+        statuses.update(t.tool_status_counts)
+    metrics = {
+        "agent/turns_mean": sum(t.num_turns for t in trajectories) / count,
+        "agent/response_tokens_mean": tokens / count,
+        "agent/observation_token_share": sum(t.num_observation_tokens for t in trajectories)
+        / max(tokens, 1),
+        "agent/tool_calls_mean": calls / count,
+        "agent/tool_error_rate": sum(statuses.values()) / max(calls, 1),
+        "agent/tool_timeouts": float(statuses["timeout"]),
+        "agent/episode_s_mean": sum(t.wall_s for t in trajectories) / count,
+    }
+    for reason in END_REASONS:
+        share = sum(t.end_reason == reason for t in trajectories) / count
+        metrics[f"agent/end_{reason}"] = share
+    return metrics

@@ -130,8 +130,16 @@ class CountdownEnv(Environment):
 
 
 class RaisingEnv(CountdownEnv):
+    """Raises in ``step`` on rows with ``boom``; a countdown otherwise."""
+
+    def reset(self, row: Mapping[str, Any], seed: int) -> Observation | None:
+        self.boom = bool(row.get("boom"))
+        return super().reset(row, seed)
+
     def step(self, action: Action) -> StepResult:
-        raise RuntimeError("environment bug")
+        if self.boom:
+            raise RuntimeError("environment bug")
+        return super().step(action)
 
 
 class SlowStepEnv(CountdownEnv):
