@@ -217,6 +217,21 @@ def test_char_template_observations_mirror_qwen3_tool_responses():
     assert chat.tokenizer.bos_token_id not in ids
 
 
+def test_char_template_writes_assistant_tool_calls_as_qwen3_does():
+    tokenizer = build_char_tokenizer()
+    call = {"type": "function", "function": {"name": "calc", "arguments": {"expr": "1+1"}}}
+    messages = [
+        {"role": "user", "content": "1+1="},
+        {"role": "assistant", "content": "", "tool_calls": [call]},
+        {"role": "tool", "content": "2"},
+        {"role": "assistant", "content": "2"},
+    ]
+    assert tokenizer.apply_chat_template(messages, tokenize=False) == (
+        'user: 1+1=\nassistant: <tool_call>\n{"name": "calc", "arguments": {"expr": "1+1"}}\n'
+        "</tool_call>\nuser:\n<tool_response>\n2\n</tool_response>\nassistant: 2\n"
+    )
+
+
 def test_an_end_of_turn_token_is_not_written_twice():
     chat = ChatFormat(chatml_tokenizer())
     assert chat.turn_closing == "<|im_end|>\n"
