@@ -44,6 +44,16 @@ def hang_with_child(pid_file: str) -> str:
     return "never"
 
 
+def hang_writing_pid(pid_file: str) -> str:
+    Path(pid_file).write_text(str(os.getpid()))
+    time.sleep(600)
+    return "never"
+
+
+def allocate(megabytes: int) -> str:
+    return str(len(bytearray(megabytes * 2**20)))
+
+
 def exit_hard() -> str:
     os._exit(3)
 

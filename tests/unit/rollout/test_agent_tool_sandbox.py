@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import os
+import signal
+import subprocess
+import sys
 import time
 
 import pytest
@@ -63,6 +66,38 @@ def test_a_flood_is_cut_at_the_cap(sandbox):
     assert result.output.startswith("x" * 256) and "x" * 257 not in result.output
     assert "5000000 bytes, the cap is 256" in result.output
     assert result.reason == "output of 5000000 bytes over the cap of 256"
+
+
+def test_a_tool_over_its_memory_cap_fails_alone():
+    with ToolSandbox(num_workers=1, timeout_s=10.0, memory_mb=512) as tools:
+        result = tools.run(f"{FIXTURES}:allocate", {"megabytes": 2048})
+        assert (result.status, result.output) == ("error", "error: MemoryError: ")
+        assert tools.run(f"{FIXTURES}:allocate", {"megabytes": 16}).output == str(16 * 2**20)
+
+
+def test_workers_die_with_the_process_that_started_them(tmp_path):
+    pid_file = tmp_path / "worker.pid"
+    script = (
+        f"import sys, time; sys.path[:0] = {sys.path!r}\n"
+        "from relax_hpc.rollout.tools.sandbox import ToolSandbox\n"
+        "tools = ToolSandbox(num_workers=1, timeout_s=600)\n"
+        f"tools.submit('{FIXTURES}:hang_writing_pid', {{'pid_file': {str(pid_file)!r}}})\n"
+        "time.sleep(600)\n"
+    )
+    rollout = subprocess.Popen([sys.executable, "-c", script])
+    try:
+        deadline = time.monotonic() + 30
+        while not pid_file.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        worker = int(pid_file.read_text())
+        assert _alive(worker)
+    finally:
+        os.kill(rollout.pid, signal.SIGKILL)
+        rollout.wait()
+    deadline = time.monotonic() + 5
+    while _alive(worker) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _alive(worker), "a tool worker outlived the process that started it"
 
 
 def test_printing_goes_nowhere_and_an_endless_printer_times_out(sandbox, capfd):
