@@ -30,6 +30,7 @@ import time
 from pathlib import Path
 
 import torch
+import yaml
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from relax_hpc.algo import AlgoConfig, resolve
@@ -49,18 +50,8 @@ from relax_hpc.trainer.batch import collate
 from relax_hpc.trainer.torch_backend import TorchModel
 from relax_hpc.trainer.update import Networks, prepare_step, update_policy
 
-ARCH = {
-    "hidden_size": 64,
-    "intermediate_size": 256,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 4,
-    "head_dim": 16,
-    "max_position_embeddings": 128,
-    "tie_word_embeddings": True,
-    "rope_theta": 10000.0,
-}
-MODEL = ModelConfig(name="qwen3_tiny", architecture="Qwen3ForCausalLM", tokenizer="char", arch=ARCH)
+REPO = Path(__file__).resolve().parents[1]
+MODEL = ModelConfig(**yaml.safe_load((REPO / "configs/model/qwen3_tiny.yaml").read_text()))
 DATA = DataConfig(kind="synthetic_addition", digits=2, eval_size=256, apply_chat_template=False)
 BUDGET = EpisodeBudget(max_turns=3, max_response_tokens=160, max_wall_s=120.0)
 MAX_NEW_TOKENS = 80

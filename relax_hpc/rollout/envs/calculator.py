@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from relax_hpc.rollout.envs.base import Action, Observation, StepResult
-from relax_hpc.rollout.envs.tool_env import ToolEnvironment, ToolSpec
+from relax_hpc.rollout.envs.tool_env import ToolEnvironment, ToolSpec, string_parameter
 
 MAX_EXPRESSION_CHARS = 200
 MAX_EXPONENT = 64
@@ -46,11 +46,7 @@ CALC_TOOL = ToolSpec(
     name="calc",
     function="relax_hpc.rollout.envs.calculator:calculate",
     description="Evaluate an arithmetic expression (+ - * / // % ** and parentheses).",
-    parameters={
-        "type": "object",
-        "properties": {"expr": {"type": "string", "description": "e.g. 37+48"}},
-        "required": ["expr"],
-    },
+    parameters=string_parameter("expr", "e.g. 37+48"),
 )
 
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from relax_hpc.rollout.envs.base import Action, Observation, StepResult
-from relax_hpc.rollout.envs.tool_env import ToolEnvironment, ToolSpec
+from relax_hpc.rollout.envs.tool_env import ToolEnvironment, ToolSpec, string_parameter
 from relax_hpc.rollout.tools.python_exec import NETWORK_MODES
 
 
@@ -46,11 +46,7 @@ class PythonMathEnv(ToolEnvironment):
                 name="python",
                 function="relax_hpc.rollout.tools.python_exec:run_python",
                 description="Run a Python program; you see what it prints (stdout and stderr).",
-                parameters={
-                    "type": "object",
-                    "properties": {"code": {"type": "string", "description": "the program"}},
-                    "required": ["code"],
-                },
+                parameters=string_parameter("code", "the program"),
                 bound={
                     "timeout_s": options.timeout_s,
                     "max_output_bytes": options.max_output_bytes,

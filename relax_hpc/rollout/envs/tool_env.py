@@ -47,6 +47,15 @@ class ToolSpec:
         }
 
 
+def string_parameter(name: str, description: str) -> dict[str, Any]:
+    """The JSON schema of a tool taking one required string argument ``name``."""
+    return {
+        "type": "object",
+        "properties": {name: {"type": "string", "description": description}},
+        "required": [name],
+    }
+
+
 class ToolEnvironment(Environment):
     uses_tools: ClassVar[bool] = True
     stop_at_tool_call: ClassVar[bool] = True

@@ -11,6 +11,7 @@ import pytest
 import torch
 from agent_fixtures import CountdownEnv, RaisingEnv, ScriptedToolEnv, SlowStepEnv
 from test_agent_envs import chatml_tokenizer
+from test_rollout_transformers_engine import ARCH
 
 from relax_hpc.config.schema import ModelConfig
 from relax_hpc.models.build import build_causal_lm
@@ -25,16 +26,6 @@ from relax_hpc.rollout.tools.sandbox import ToolSandbox
 from relax_hpc.rollout.trajectory import episode_metrics, to_sample
 from relax_hpc.spool.format import read_shard, write_shard_file
 
-ARCH = {
-    "hidden_size": 32,
-    "intermediate_size": 64,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 2,
-    "num_key_value_heads": 2,
-    "head_dim": 16,
-    "max_position_embeddings": 256,
-    "tie_word_embeddings": True,
-}
 PARAMS = SamplingParams(temperature=1.0, max_new_tokens=10, seed=7)
 OTHER_SEED = SamplingParams(temperature=1.0, max_new_tokens=10, seed=8)
 

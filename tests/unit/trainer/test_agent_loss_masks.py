@@ -15,9 +15,12 @@ the global counts of ``update.global_counts``) for every policy loss and aggrega
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
+import yaml
 
 from relax_hpc.algo import AlgoConfig, actor_loss, compute_advantages, resolve
 from relax_hpc.config.schema import ModelConfig
@@ -28,16 +31,10 @@ from relax_hpc.trainer.batch import collate
 from relax_hpc.trainer.torch_backend import TorchModel
 from relax_hpc.trainer.update import global_counts
 
-ARCH = {
-    "hidden_size": 32,
-    "intermediate_size": 64,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 2,
-    "num_key_value_heads": 2,
-    "head_dim": 16,
-    "max_position_embeddings": 128,
-    "tie_word_embeddings": True,
-}
+# The shipped tiny model (configs/model/qwen3_tiny.yaml), built from its config.
+TINY_MODEL = ModelConfig(
+    **yaml.safe_load((Path(__file__).parents[3] / "configs/model/qwen3_tiny.yaml").read_text())
+)
 # (model tokens, observation tokens) per turn; the last turn has no observation.
 TURN_LAYOUTS = [
     [(4, 6), (3, 5), (2, 0)],
@@ -94,7 +91,7 @@ def multi_turn_samples(seed: int) -> list[list[Sample]]:
 @pytest.fixture(scope="module")
 def policy() -> TorchModel:
     tokenizer = build_char_tokenizer()
-    network = build_causal_lm(ModelConfig(name="t", tokenizer="char", arch=ARCH), tokenizer, seed=0)
+    network = build_causal_lm(TINY_MODEL, tokenizer, seed=0)
     return TorchModel(network, torch.device("cpu"), micro_batch_tokens=4096, lr=0.0)
 
 
