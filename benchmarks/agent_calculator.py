@@ -12,10 +12,13 @@ the weights; no spool, no Slurm), built from the real parts: ``EpisodeRunner`` w
 - ``plain``:   grpo_tiny's own warm start (no tool demonstrations), one turn, no tool.
 
 Prints, for each arm, held-out greedy accuracy and tool-call rate at every eval, and the
-time per step. The tool warm start continues grpo_tiny's cached one for ``--warm-steps`` on the mixed
-demonstrations, and is cached beside it (``RELAX_HPC_CACHE_DIR``).
+time per step. The tool warm start continues grpo_tiny's cached one for ``--warm-steps`` on
+the mixed demonstrations, and is cached beside it (``RELAX_HPC_CACHE_DIR``). Measured here
+(2 shared cores, load ~10; docs/agents.md): tool 0.64 -> 0.94 held-out accuracy after 10
+steps, the same warm start without the tool 0.15 -> 0.50, grpo_tiny's 0.32 -> 0.41.
 
-    python benchmarks/agent_calculator.py [--steps 40] [--tool-rate 0.3] [--arms tool,plain]
+    python benchmarks/agent_calculator.py [--steps 40] [--tool-rate 0.5] [--warm-steps 1200]
+        [--arms tool,no_tool,plain]
 """
 
 from __future__ import annotations
@@ -118,7 +121,9 @@ def tool_warm_start(plain: Path, cache_dir: Path, tool_rate: float, steps: int) 
         optimizer.step()
         schedule.step()
         if (step + 1) % 100 == 0:
-            tool_loss, direct_loss = (float(losses.get(k, float("nan"))) for k in (True, False))
+            tool_loss, direct_loss = (
+                float(losses[k].detach()) if k in losses else float("nan") for k in (True, False)
+            )
             print(f"  tool warm start {step + 1}/{cfg.steps} loss tool {tool_loss:.3f} "
                   f"direct {direct_loss:.3f} "
                   f"({time.monotonic() - started:.0f} s)", flush=True)  # fmt: skip
@@ -205,7 +210,7 @@ def run_arm(name: str, folder: Path, args, sandbox: ToolSandbox) -> list[dict]:
                   f"{m['agent/observation_token_share']:.2f}", flush=True)  # fmt: skip
     runner.close()
     seconds = time.monotonic() - started
-    print(f"  {name:8s} {seconds / args.steps:.2f} s per step (with evals)", flush=True)
+    print(f"  {name:8s} {seconds / max(args.steps, 1):.2f} s per step (with evals)", flush=True)
     return history
 
 
@@ -216,7 +221,7 @@ def main() -> None:
     parser.add_argument("--prompts", type=int, default=16)
     parser.add_argument("--samples", type=int, default=8)
     parser.add_argument("--lr", type=float, default=2e-4)
-    parser.add_argument("--tool-rate", type=float, default=0.3)
+    parser.add_argument("--tool-rate", type=float, default=0.5)
     parser.add_argument("--warm-steps", type=int, default=1200)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--arms", default="tool,no_tool,plain")
