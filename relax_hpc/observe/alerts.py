@@ -148,10 +148,7 @@ class AlertState:
         self.path = path
 
     def load(self) -> dict:
-        try:
-            state = read_json(self.path)
-        except (FileNotFoundError, ValueError):
-            state = {}
+        state = read_json(self.path, default={})
         state.setdefault("last_sent_s", {})
         state.setdefault("recent_s", [])
         state.setdefault("once", [])

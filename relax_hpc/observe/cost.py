@@ -65,10 +65,7 @@ class CostLedger:
         self.clock = clock
 
     def attempts(self) -> list[dict]:
-        try:
-            return list(read_json(self.path).get("attempts", []))
-        except (FileNotFoundError, ValueError):
-            return []
+        return list(read_json(self.path, default={}).get("attempts", []))
 
     def start_attempt(self, job_id: str, restart: int) -> None:
         now = self.clock()
@@ -99,9 +96,8 @@ class CostLedger:
 
 def cost_so_far(paths: RunPaths, running: bool = False) -> dict[str, float]:
     """Device-hours of the run until now (empty when the plan or ledger is missing)."""
-    try:
-        plan = read_json(paths.job_plan)
-    except (FileNotFoundError, ValueError):
+    plan = read_json(paths.job_plan, default=None)
+    if plan is None:
         return {}
     ledger = CostLedger(paths.cost_ledger)
     if not ledger.attempts():

@@ -56,9 +56,8 @@ def random_qwen3(seed: int):
     return model, tokenizer
 
 
-@pytest.fixture(scope="module")
-def served(tmp_path_factory):
-    model_dir = tmp_path_factory.mktemp("tiny-qwen3")
+def serve(model_dir, **engine_kwargs):
+    """An SGLang engine serving a random tiny Qwen3 (seed 0) saved to ``model_dir``."""
     model, tokenizer = random_qwen3(seed=0)
     model.save_pretrained(model_dir)
     tokenizer.save_pretrained(model_dir)
@@ -67,7 +66,14 @@ def served(tmp_path_factory):
         mem_fraction=0.2,
         dtype="bfloat16",
         extra_server_args={"disable_cuda_graph": True},  # faster start; same numerics
+        **engine_kwargs,
     )
+    return engine, model, tokenizer
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    engine, _, tokenizer = serve(tmp_path_factory.mktemp("tiny-qwen3"))
     yield engine, tokenizer
     engine.shutdown()
 
@@ -184,17 +190,7 @@ def test_distributed_update_through_the_per_tensor_transport(served, tmp_path):
 def test_colocation_releases_gpu_memory_and_takes_it_back(tmp_path):
     """mode=sync: a released engine frees GPU memory; a weight update resumes the weights
     (not yet the KV cache), the next generation resumes everything and is unchanged."""
-    model_dir = tmp_path / "tiny-qwen3"
-    model, tokenizer = random_qwen3(seed=0)
-    model.save_pretrained(model_dir)
-    tokenizer.save_pretrained(model_dir)
-    engine = SGLangEngine(
-        model_dir,
-        mem_fraction=0.2,
-        dtype="bfloat16",
-        memory_saver=True,
-        extra_server_args={"disable_cuda_graph": True},
-    )
+    engine, model, tokenizer = serve(tmp_path / "tiny-qwen3", memory_saver=True)
     try:
         greedy = SamplingParams(greedy=True, max_new_tokens=MAX_NEW_TOKENS)
         before = [c.token_ids for c in engine.generate(make_requests(tokenizer), greedy)]
