@@ -27,6 +27,7 @@ import random
 import shutil
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -41,6 +42,7 @@ from relax_hpc.models.build import build_causal_lm, build_tokenizer
 
 log = logging.getLogger(__name__)
 
+CACHE_DIR_ENV = "RELAX_HPC_CACHE_DIR"
 WARMSTART_VERSION = 2  # bump when the training recipe below changes
 METADATA_NAME = "warmstart.json"
 
@@ -68,6 +70,11 @@ class WarmStartConfig:
     seed: int = 0
 
 
+def default_cache_dir() -> Path:
+    """``$RELAX_HPC_CACHE_DIR``, else ``~/.cache/relax_hpc``: where warm starts are kept."""
+    return Path(os.environ.get(CACHE_DIR_ENV, Path.home() / ".cache" / "relax_hpc"))
+
+
 def warm_start(
     model_cfg: ModelConfig,
     data_cfg: DataConfig,
@@ -85,25 +92,40 @@ def warm_start(
         raise ValueError("the warm start builds its model from model.arch; set model.path=null")
     tokenizer = build_tokenizer(model_cfg)
     key_fields = cache_key_fields(model_cfg, data_cfg, cfg, split_seed, tokenizer)
-    key = hashlib.sha256(json.dumps(key_fields, sort_keys=True).encode()).hexdigest()[:16]
-    folder = Path(cache_dir) / f"warmstart-{key}"
+    folder = Path(cache_dir) / f"warmstart-{cache_key(key_fields)}"
+
+    def train() -> tuple[PreTrainedModel, dict[str, Any]]:
+        task = AdditionTask(data_cfg.digits, data_cfg.eval_size, split_seed)
+        model = build_causal_lm(model_cfg, tokenizer, torch.float32, seed=cfg.seed)
+        return model, {"final_loss": train_on_sloppy_teacher(model, tokenizer, task, cfg)}
+
+    return cached_training(folder, key_fields, tokenizer, train)
+
+
+def cache_key(key_fields: dict[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(key_fields, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def cached_training(
+    folder: Path,
+    key_fields: dict[str, Any],
+    tokenizer: PreTrainedTokenizerBase,
+    train: Callable[[], tuple[PreTrainedModel, dict[str, Any]]],
+) -> Path:
+    """``folder`` if a finished one is there; else ``train()`` and publish its model there."""
     if (folder / METADATA_NAME).is_file():
         log.info("warm start: cached at %s", folder)
         return folder
-    task = AdditionTask(data_cfg.digits, data_cfg.eval_size, split_seed)
-    model = build_causal_lm(model_cfg, tokenizer, torch.float32, seed=cfg.seed)
     started = time.monotonic()
-    final_loss = train_on_sloppy_teacher(model, tokenizer, task, cfg)
+    model, results = train()
     metadata = {
-        "key": key,
+        "key": folder.name.rsplit("-", 1)[-1],
         "inputs": key_fields,
-        "final_loss": final_loss,
+        **results,
         "train_s": round(time.monotonic() - started, 2),
     }
-    log.info(
-        "warm start: %d steps in %.1f s, loss %.4f", cfg.steps, metadata["train_s"], final_loss
-    )
-    return _publish(folder, model, tokenizer, metadata)
+    log.info("warm start: %s trained in %.1f s: %s", folder.name, metadata["train_s"], results)
+    return publish_folder(folder, model, tokenizer, metadata)
 
 
 def warm_started_model_config(model_cfg: ModelConfig, folder: str | Path) -> ModelConfig:
@@ -144,7 +166,7 @@ def train_on_sloppy_teacher(
     generator = torch.Generator().manual_seed(cfg.seed)
     teacher_rng = random.Random(cfg.seed)
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
-    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: _lr_factor(step, cfg))
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_factor(step, cfg))
     model.train()
     loss = torch.tensor(float("nan"))
     for step in range(cfg.steps):
@@ -194,7 +216,7 @@ def supervised_batch(
     return input_ids, labels
 
 
-def _lr_factor(step: int, cfg: WarmStartConfig) -> float:
+def lr_factor(step: int, cfg: WarmStartConfig) -> float:
     decay_start = int(cfg.steps * (1 - cfg.decay_fraction))
     if step < cfg.warmup_steps:
         return (step + 1) / cfg.warmup_steps
@@ -204,7 +226,7 @@ def _lr_factor(step: int, cfg: WarmStartConfig) -> float:
     return cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
 
 
-def _publish(
+def publish_folder(
     folder: Path,
     model: PreTrainedModel,
     tokenizer: PreTrainedTokenizerBase,
