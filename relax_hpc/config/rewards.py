@@ -36,9 +36,11 @@ class ClientConfig:
     """How a client calls a reward server (an endpoint, or the judge in its own component).
 
     A batch of samples is cut into requests of ``batch_size`` items, at most
-    ``max_concurrency`` in flight. A request that times out, fails to connect, gets a 5xx/429
-    or a malformed answer is retried up to ``max_attempts`` times in all, after
-    ``backoff_s * 2**k`` seconds (capped at ``backoff_max_s``, with +-50% jitter). After
+    ``max_concurrency`` in flight, each with a ``timeout_s``. A request answered badly (a
+    timeout, a dropped connection, 5xx/429, a malformed answer) is retried until
+    ``max_attempts`` answers were had; a server that is not reachable at all (refused, the
+    judge restarting) is tried again without using up attempts. Tries are ``backoff_s *
+    2**k`` seconds apart (capped at ``backoff_max_s``, with +-50% jitter). After
     ``breaker_failures`` failures in a row the circuit opens: requests wait
     ``breaker_reset_s`` before one probe goes out. No sample waits longer than
     ``max_wait_s``: then it is scored as failed with the reason, and the run goes on.

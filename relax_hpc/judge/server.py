@@ -7,9 +7,10 @@ One batching thread takes up to ``max_batch`` queued items (after waiting ``gath
 more to arrive, so that requests of several rollout workers share a forward pass), scores
 them with the judge and hands each result back to the request that queued it.
 
-A retried request whose first answer was lost (a dropped connection) is answered from a
-bounded cache of recent results instead of being scored again: the key is a hash of the
-item (prompt, response, reference, metadata), so a sample is judged once per server start.
+A retried request whose first answer was lost (a client timeout, a dropped connection)
+joins the scoring still in flight, or is answered from a bounded cache of recent results,
+instead of being scored again: the key is a hash of the item (prompt, response, reference,
+metadata), so a sample is judged once per server start.
 
 ``GET /v1/health`` answers ``{"protocol", "instance", "ready"}`` without a signature (it
 reveals nothing); the address file is the readiness signal clients use.
@@ -88,6 +89,7 @@ class JudgeServer:
         self.counts = ServerCounts()
         self._queue: queue.Queue[tuple[str, ScoreItem, Future] | None] = queue.Queue()
         self._cache: OrderedDict[str, RewardResult] = OrderedDict()
+        self._pending: dict[str, Future] = {}
         self._lock = threading.Lock()
         self._http = ThreadingHTTPServer((host, port), _handler_class(self))
         self._http.daemon_threads = True
@@ -113,21 +115,24 @@ class JudgeServer:
 
     def score(self, items: list[ScoreItem]) -> list[RewardResult]:
         """Queue ``items`` for the batching thread and wait for their results."""
-        futures = []
-        for item in items:
-            key = item_key(item)
-            with self._lock:
-                cached = self._cache.get(key)
-            future: Future = Future()
-            if cached is not None:
-                future.set_result(cached)
-            else:
-                self._queue.put((key, item, future))
-            futures.append(future)
+        futures = [self._future(item_key(item), item) for item in items]
         results = [future.result() for future in futures]
         with self._lock:
             self.counts.samples += len(results)
         return results
+
+    def _future(self, key: str, item: ScoreItem) -> Future:
+        """The result of ``item``: cached, already being scored, or queued now."""
+        with self._lock:
+            if key in self._pending:
+                return self._pending[key]
+            future: Future = Future()
+            if key in self._cache:
+                future.set_result(self._cache[key])
+                return future
+            self._pending[key] = future
+        self._queue.put((key, item, future))
+        return future
 
     def _batch_forever(self) -> None:
         while (first := self._queue.get()) is not None:
@@ -146,6 +151,8 @@ class JudgeServer:
         while not self._queue.empty():  # stopping: answer what is left
             entry = self._queue.get()
             if entry is not None:
+                with self._lock:
+                    self._pending.pop(entry[0], None)
                 entry[2].set_result(failed("the judge server is stopping"))
 
     def _score_batch(self, batch: list[tuple[str, ScoreItem, Future]]) -> None:
@@ -160,7 +167,8 @@ class JudgeServer:
             self.counts.scored += len(batch)
             self.counts.judge_s += time.monotonic() - started
             for (key, _, _), result in zip(batch, results, strict=True):
-                if result.failed is None:
+                self._pending.pop(key, None)
+                if result.failed is None:  # a failure may pass: the next request tries again
                     self._cache[key] = result
                     self._cache.move_to_end(key)
             while len(self._cache) > CACHE_ITEMS:

@@ -62,10 +62,16 @@ class JudgeScorer:
                 results[index] = prompt_ids
             else:
                 prompts.append((index, prompt_ids))
-        for start in range(0, len(prompts), self.batch_size):
-            chunk = prompts[start : start + self.batch_size]
+        # Greedy verdicts depend on the judge prompt alone: identical ones (a group's
+        # samples often agree) are judged once.
+        first_of: dict[tuple[int, ...], int] = {}
+        unique = [(i, ids) for i, ids in prompts if first_of.setdefault(tuple(ids), i) == i]
+        for start in range(0, len(unique), self.batch_size):
+            chunk = unique[start : start + self.batch_size]
             for (index, _), result in zip(chunk, self._judge(chunk), strict=True):
                 results[index] = result
+        for index, ids in prompts:
+            results[index] = results[first_of[tuple(ids)]]
         assert all(result is not None for result in results)
         return results  # type: ignore[return-value]
 

@@ -2,13 +2,16 @@
 
 ``RemoteScorer.score(items)`` cuts the batch into requests of ``batch_size`` items and
 sends at most ``max_concurrency`` at a time (``protocol``: ``relax_hpc.reward/1``). Each
-request has its own timeout; a request that times out, cannot connect, loses its
-connection, gets 429/5xx or a body that does not follow the protocol is retried with
-exponential backoff and jitter, behind a circuit breaker shared by all requests
-(``resilience``). Nothing waits forever and nothing is dropped: once ``max_attempts`` are
-spent, or the batch has waited ``max_wait_s``, each of the request's samples is scored as
-*failed* with the reason (``gave up after 4 attempts in 3.1 s: HTTP 503``), and the
-rollout goes on. 401/403 and other 4xx answers are not retried (retrying cannot fix them).
+request has its own timeout. A request that gets a bad answer (429/5xx, a body that does not
+follow the protocol, a timeout, a dropped connection) is retried, up to ``max_attempts``
+answers in all; a server that cannot be reached at all (connection refused, no judge
+address yet: it is restarting) is tried again without using up attempts, so a sample waits
+for it, bounded by ``max_wait_s``. Tries are spaced by exponential backoff with jitter,
+behind a circuit breaker shared by all requests (``resilience``). Nothing waits forever and
+nothing is dropped: when the attempts or the wait are spent, each of the request's samples
+is scored as *failed* with the reason (``judge: gave up after 3.1 s: 4 tries (4 answered),
+last: HTTP 503 ...``), and the rollout goes on. 401/403 and other 4xx answers are not
+retried (retrying cannot fix them).
 
 Where requests go is a ``Targets``: ``EndpointTargets`` (one URL, a bearer token) or
 ``JudgeTargets`` (the judge's address files, read again after every failure, so that a
@@ -55,7 +58,14 @@ BODY_EXCERPT_CHARS = 120
 
 
 class RetryableError(Exception):
-    """The call failed in a way that a later attempt may not (the message says how)."""
+    """The call failed in a way that a later attempt may not (the message says how).
+
+    ``reached``: the server got the request (a bad answer, a timeout), as opposed to no
+    server being there at all (refused, no address)."""
+
+    def __init__(self, reason: str, reached: bool = True) -> None:
+        super().__init__(reason)
+        self.reached = reached
 
 
 class FatalError(Exception):
@@ -109,7 +119,8 @@ class JudgeTargets:
             self.refresh()
         if not self._addresses:
             raise RetryableError(
-                f"no judge server is up (no address in {self.paths.judge_rendezvous_dir})"
+                f"no judge server is up (no address in {self.paths.judge_rendezvous_dir})",
+                reached=False,
             )
         address = self._addresses[request_index % len(self._addresses)]
         token = address.token
@@ -136,6 +147,8 @@ def post(target: Target, body: bytes, timeout_s: float) -> bytes:
         data = response.read()
     except TimeoutError:
         raise RetryableError(f"no answer within {timeout_s:.3g} s") from None
+    except ConnectionRefusedError as err:
+        raise RetryableError(f"nothing listens there ({err})", reached=False) from None
     except (OSError, http.client.HTTPException) as err:
         raise RetryableError(f"connection failed ({type(err).__name__}: {err})") from None
     finally:
@@ -198,13 +211,19 @@ class RemoteScorer:
         self._pool.shutdown(wait=False, cancel_futures=True)
 
     def _score_request(self, index: int, items: list, deadline: float) -> list[RewardResult]:
+        """The results of one request's items, from the server or failed with the reason.
+
+        An answer that is no good (5xx, garbage, a timeout, a dropped connection) uses up one
+        of ``max_attempts``; a server that cannot be reached at all (refused, no address yet:
+        the judge is restarting) does not, and is tried again until ``deadline``.
+        """
         ids = [str(i) for i in range(len(items))]
         body = encode_request(ids, items)
-        started, last_error, attempts = self.clock(), "", 0
-        while attempts < self.settings.max_attempts:
+        started, last_error, answered, tries = self.clock(), "", 0, 0
+        while answered < self.settings.max_attempts:
             if not self._wait_for_breaker(deadline):
                 return self._give_up(items, f"the circuit is open ({last_error})", started)
-            attempts += 1
+            tries += 1
             try:
                 target = self.targets.pick(index)
                 self._count(requests=1)
@@ -214,15 +233,17 @@ class RemoteScorer:
                 return [failed(f"{self.name} refused the request: {err}") for _ in items]
             except (RetryableError, ProtocolError) as err:
                 last_error = str(err)
+                answered += getattr(err, "reached", True)
                 self.breaker.failed()
                 self.targets.refresh()  # a restarted judge has a new address
             else:
                 self.breaker.succeeded()
                 return results
-            if not self._pause_before_retry(attempts - 1, deadline):
+            if answered >= self.settings.max_attempts or not self._pause(tries - 1, deadline):
                 break
-            log.info("%s: attempt %d failed (%s); retrying", self.name, attempts, last_error)
-        return self._give_up(items, f"{attempts} attempts, last: {last_error}", started)
+            log.info("%s: try %d failed (%s); retrying", self.name, tries, last_error)
+        why = f"{tries} tries ({answered} answered), last: {last_error}"
+        return self._give_up(items, why, started)
 
     def _timeout(self, deadline: float) -> float:
         return max(0.05, min(self.settings.timeout_s, deadline - self.clock()))
@@ -235,9 +256,8 @@ class RemoteScorer:
             self._sleep(wait)
         return True
 
-    def _pause_before_retry(self, retry: int, deadline: float) -> bool:
-        if retry + 1 >= self.settings.max_attempts:
-            return False
+    def _pause(self, retry: int, deadline: float) -> bool:
+        """Back off before the next try; False when that would pass ``deadline``."""
         delay = backoff_delay(
             retry, self.settings.backoff_s, self.settings.backoff_max_s, self._rng
         )

@@ -21,7 +21,7 @@ HALF_OPEN_POLL_S = 0.05  # how often requests queued behind a half-open probe lo
 def backoff_delay(attempt: int, base_s: float, cap_s: float, rng: random.Random) -> float:
     """Seconds before retry ``attempt`` (0 = the first retry): ``base * 2**attempt``,
     capped, times a uniform jitter in [0.5, 1.5) so that many clients do not retry in step."""
-    return min(cap_s, base_s * 2**attempt) * rng.uniform(0.5, 1.5)
+    return min(cap_s, base_s * 2 ** min(attempt, 32)) * rng.uniform(0.5, 1.5)
 
 
 class CircuitBreaker:

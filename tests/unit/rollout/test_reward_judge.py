@@ -59,10 +59,10 @@ def rows(*completions):
 def test_a_judge_that_answers_yes_scores_1_in_batches(yes_judge):
     engine, tokenizer = yes_judge
     judge = JudgeScorer(engine, tokenizer, TEMPLATE, parse_yes_no, max_new_tokens=4, batch_size=2)
-    results = judge.score(rows("24", "42", "7", "4"))
-    assert [r.score for r in results] == [1.0] * 4
+    results = judge.score(rows("24", "42", "7", "24", "4"))
+    assert [r.score for r in results] == [1.0] * 5
     assert results[0].details == {"verdict": "yes", "judge_answer": "yes"}
-    assert judge.num_calls == 2  # two batches of two
+    assert judge.num_calls == 2  # four distinct judge prompts in batches of two
 
 
 def test_an_untrained_judge_babbles_and_its_samples_are_failed_with_the_answer():
