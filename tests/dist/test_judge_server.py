@@ -190,25 +190,36 @@ def wait_for_instance(paths: RunPaths, not_this: str | None, timeout_s: float = 
     raise AssertionError(f"no judge address after {timeout_s} s")
 
 
+@pytest.fixture
+def peers():
+    """Judge processes of a test, killed at its end whatever happened."""
+    started: list[subprocess.Popen] = []
+    yield started
+    for process in started:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+
+
 @pytest.mark.slow
-def test_a_judge_killed_mid_run_is_found_again_after_its_restart(tmp_path, judge_folder):
+def test_a_judge_killed_mid_run_is_found_again_after_its_restart(tmp_path, judge_folder, peers):
     cfg = compose_run_config(["+experiment=grpo_tiny"])
     paths = RunPaths(tmp_path / "run").create()
     write_resolved_config(replace(cfg, judge=judge_config(judge_folder)), paths.resolved_config)
     log = tmp_path / "judge.log"
-    first = start_peer(paths.root, log)
+    peers.append(start_peer(paths.root, log))
     before = wait_for_instance(paths, None)
     client = RemoteScorer("judge", JudgeTargets(paths), CLIENT)
     assert [r.score for r in client.score(items(16))] == [1.0] * 16
 
-    first.send_signal(signal.SIGKILL)  # no goodbye: its address file stays behind
-    first.wait()
+    peers[0].send_signal(signal.SIGKILL)  # no goodbye: its address file stays behind
+    peers[0].wait()
     outcome: dict = {}
     batch = threading.Thread(target=lambda: outcome.update(results=client.score(items(24, 100))))
     batch.start()  # the rollout goes on scoring against a dead judge: it waits, retrying
     time.sleep(1.0)
     assert batch.is_alive() and client.metrics()["retries_total"] > 0
-    second = start_peer(paths.root, log)
+    peers.append(start_peer(paths.root, log))
     after = wait_for_instance(paths, before.instance)
     batch.join(timeout=120)
     assert not batch.is_alive()
@@ -216,8 +227,8 @@ def test_a_judge_killed_mid_run_is_found_again_after_its_restart(tmp_path, judge
     assert [r.score for r in results] == [1.0] * 24  # nothing lost: all judged after the restart
     assert after.port != before.port or after.pid != before.pid
 
-    second.send_signal(signal.SIGTERM)
-    assert second.wait(timeout=60) == 0
+    peers[1].send_signal(signal.SIGTERM)
+    assert peers[1].wait(timeout=60) == 0
     status = read_json(paths.judge_status(0))
     assert status["instance"] == after.instance
     assert status["scored"] == 24 and status["refused"] == 0  # each judged once

@@ -17,7 +17,9 @@ reward details of a plain ``rollout.reward=exact_match`` run stay what they were
 ``metrics()`` gives what the rollout logs per batch: ``rewards/<part>/mean`` (over scored,
 unfailed samples), ``rewards/<part>/failed``, ``rewards/failed`` (samples), and
 ``rewards/agreement/<part>``: how often a part's verdict (score > 0.5) agrees with
-the ``agreement_with`` part's, plus each service's running totals (retries, waits, ...).
+the ``agreement_with`` part's; and running totals since the start:
+``rewards/<part>/samples_total`` and ``failed_total`` for every part, plus each service's
+own (``requests_total``, ``retries_total``, ``wait_s_total``, ``circuit_opened_total``).
 
 Must not: import torch or know how a part computes its score.
 """
@@ -64,6 +66,7 @@ class CompositeScorer:
         self.weights = weights
         self.agreement_with = agreement_with
         self._batch: dict[str, float] = {}
+        self._totals: dict[str, float] = {}  # samples and failures per part, since the start
         sole = list(weights.default) if not weights.by_source else []
         self.passthrough = (
             len(sole) == 1 and weights.default[sole[0]] == 1.0 and agreement_with in (None, sole[0])
@@ -83,7 +86,7 @@ class CompositeScorer:
 
     def metrics(self) -> dict[str, float]:
         """The last batch's per-part figures and each service's running totals."""
-        out = dict(self._batch)
+        out = {**self._batch, **self._totals}
         for name, part in self.parts.items():
             totals = getattr(part, "metrics", None)
             if callable(totals):
@@ -141,6 +144,9 @@ class CompositeScorer:
         for name, results in by_part.items():
             good = [r.score for r in results.values() if not r.failed]
             batch[f"rewards/{name}/failed"] = float(len(results) - len(good))
+            for key, count in (("samples", len(results)), ("failed", len(results) - len(good))):
+                total = f"rewards/{name}/{key}_total"
+                self._totals[total] = self._totals.get(total, 0.0) + count
             if good:
                 batch[f"rewards/{name}/mean"] = sum(good) / len(good)
         batch.update(self._agreement(by_part))

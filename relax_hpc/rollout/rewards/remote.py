@@ -180,11 +180,10 @@ class RemoteScorer:
         self.sleep = sleep
         self.breaker = CircuitBreaker(settings.breaker_failures, settings.breaker_reset_s, clock)
         self._rng = random.Random(seed)
+        self.last_error = ""  # of any request: says why an open circuit is open
         self._pool = ThreadPoolExecutor(settings.max_concurrency, thread_name_prefix=name)
         self._lock = threading.Lock()
-        self._totals = dict.fromkeys(
-            ("requests", "retries", "samples", "failed", "wait_s", "circuit_opened"), 0.0
-        )
+        self._totals = dict.fromkeys(("requests", "retries", "wait_s", "circuit_opened"), 0.0)
 
     def score(self, items: Sequence[Any]) -> list[RewardResult]:
         items = [as_score_item(item) for item in items]
@@ -195,13 +194,12 @@ class RemoteScorer:
             self._pool.submit(self._score_request, index, chunk, deadline)
             for index, chunk in enumerate(chunks)
         ]
-        results = list(itertools.chain.from_iterable(f.result() for f in futures))
-        self._count(samples=len(items), failed=sum(r.failed is not None for r in results))
-        return results
+        return list(itertools.chain.from_iterable(f.result() for f in futures))
 
     def metrics(self) -> dict[str, float]:
-        """Running totals: ``requests``, ``retries``, ``samples``, ``failed`` (samples),
-        ``wait_s`` (backoff and open-circuit waits) and ``circuit_opened`` (times)."""
+        """Running totals: ``requests``, ``retries``, ``wait_s`` (backoff and open-circuit
+        waits) and ``circuit_opened`` (times); samples and failures are counted by the
+        composite scorer for every part alike."""
         with self._lock:
             totals = dict(self._totals)
         totals["circuit_opened"] = float(self.breaker.times_opened)
@@ -222,7 +220,8 @@ class RemoteScorer:
         started, last_error, answered, tries = self.clock(), "", 0, 0
         while answered < self.settings.max_attempts:
             if not self._wait_for_breaker(deadline):
-                return self._give_up(items, f"the circuit is open ({last_error})", started)
+                why = f"the circuit is open after failures in a row, last: {self.last_error}"
+                return self._give_up(items, why, started)
             tries += 1
             try:
                 target = self.targets.pick(index)
@@ -232,7 +231,7 @@ class RemoteScorer:
                 self.breaker.succeeded()  # the server answered: it is up
                 return [failed(f"{self.name} refused the request: {err}") for _ in items]
             except (RetryableError, ProtocolError) as err:
-                last_error = str(err)
+                last_error = self.last_error = str(err)
                 answered += getattr(err, "reached", True)
                 self.breaker.failed()
                 self.targets.refresh()  # a restarted judge has a new address

@@ -12,18 +12,20 @@ Heavy imports (torch, transformers, the engines) happen inside the builders that
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from relax_hpc.config.rewards import COMPOSITE, RewardsConfig
 from relax_hpc.config.schema import DataConfig, JudgeConfig, ModelConfig
-from relax_hpc.paths import RunPaths
+from relax_hpc.paths import RunPaths, read_json
 from relax_hpc.rollout.rewards.compose import CompositeScorer, Weights
 from relax_hpc.rollout.rewards.registry import ENDPOINT, JUDGE, REWARD_MODEL, part_kind
 from relax_hpc.rollout.rewards.result import BatchScorer
 from relax_hpc.rollout.rewards.scorer import RewardScorer
 
+log = logging.getLogger(__name__)
 SGLANG_BASE_PORT = 30000  # as the policy engine's (rollout/main.py); the judge's sit above
 JUDGE_PORT_OFFSET = 8  # engine k of a node: the policy at base + 16k, its judge at + 8
 
@@ -124,12 +126,22 @@ def judge_model_config(judge: JudgeConfig, context: RewardContext) -> ModelConfi
     if judge.warm_start == "none":
         return judge.model
     from relax_hpc.models.verifier_warmstart import verifier_model_config, warm_start_verifier
-    from relax_hpc.models.warmstart import default_cache_dir
+    from relax_hpc.models.warmstart import METADATA_NAME, default_cache_dir
 
     if context.data is None:
         raise ValueError("judge.warm_start needs the run's data config (the task it verifies)")
     folder = warm_start_verifier(
         judge.model, context.data, context.cache_dir or default_cache_dir()
+    )
+    measured = read_json(folder / METADATA_NAME)
+    log.info(
+        "judge: %s from %s agrees with exact match on %.1f%% of held-out rows (says yes to "
+        "%.1f%% of right answers, no to %.1f%% of wrong ones)",
+        judge.warm_start,
+        folder,
+        100 * measured["agreement"],
+        100 * measured["true_positive_rate"],
+        100 * measured["true_negative_rate"],
     )
     return verifier_model_config(judge.model, folder)
 

@@ -118,7 +118,7 @@ def test_a_dead_endpoint_opens_the_circuit_and_samples_wait_only_max_wait_s():
     requests = scorer.metrics()["requests_total"]
     again = scorer.score(ITEMS[:2])
     assert scorer.metrics()["requests_total"] == requests
-    assert "the circuit is open" in again[0].failed
+    assert "the circuit is open after failures in a row, last: nothing listens" in again[0].failed
 
 
 def test_the_token_never_reaches_a_log_or_a_reason(server, tmp_path):

@@ -108,6 +108,10 @@ def test_a_failed_part_fails_the_sample_only_when_it_carries_weight():
     assert monitored.score == 1.0 and monitored.failed is None  # the judge only monitors here
     assert scorer.metrics()["rewards/failed"] == 1.0
     assert scorer.metrics()["rewards/judge/failed"] == 2.0
+    scorer.score(items(("fine", "fine", {})))
+    metrics = scorer.metrics()
+    assert metrics["rewards/judge/failed"] == 0.0  # the last batch
+    assert (metrics["rewards/judge/failed_total"], metrics["rewards/judge/samples_total"]) == (2, 3)
 
 
 def test_agreement_compares_each_parts_verdict_with_the_reference_part():
