@@ -261,7 +261,8 @@ def run_rollout(cfg: RunConfig, paths: RunPaths, identity: TaskIdentity) -> int:
     # Built before joining: a judge's warm start overlaps the trainer's start-up.
     score = make_scorer(cfg, paths, device)
     eval_reward = cfg.rewards.eval_reward
-    eval_score = make_scorer(cfg, paths, device, eval_reward) if eval_reward else score
+    own_eval = eval_reward not in (None, cfg.rollout.reward)
+    eval_score = make_scorer(cfg, paths, device, eval_reward) if own_eval else score
     if not weights.join(should_stop):
         close_scorers(score, eval_score)
         return 0
