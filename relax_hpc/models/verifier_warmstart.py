@@ -18,7 +18,6 @@ Must not: know about RL, rewards, the run directory or the engines.
 from __future__ import annotations
 
 import dataclasses
-import logging
 import random
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,15 +34,12 @@ from relax_hpc.models.warmstart import (
     cache_key,
     cache_key_fields,
     cached_training,
-    lr_factor,
     sample_operands,
-    supervised_batch,
+    train_supervised,
 )
 
 VERIFIER_VERSION = 1  # bump when the recipe below changes
 YES, NO = "yes", "no"
-
-log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -109,27 +105,16 @@ def train_verifier(
     """Supervised training on ``yes``/``no`` after each row (loss on the verdict + EOS)."""
     generator = torch.Generator().manual_seed(cfg.seed)
     rng = random.Random(cfg.seed)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
-    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_factor(step, cfg))  # type: ignore[arg-type]
-    model.train()
-    loss = torch.tensor(float("nan"))
-    for step in range(cfg.steps):
+
+    def rows() -> tuple[list[str], list[str]]:
         texts, verdicts = [], []
         for a, b in sample_operands(task, cfg.batch_size, generator):
             candidate, correct = verification_candidate(a, b, rng, cfg.correct_share)
             texts.append(verification_text(a, b, candidate))
             verdicts.append(YES if correct else NO)
-        input_ids, labels = supervised_batch(tokenizer, texts, verdicts)
-        loss = model(input_ids=input_ids, labels=labels).loss
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
-        optimizer.step()
-        schedule.step()
-        if (step + 1) % 100 == 0:
-            log.info("verifier warm start: step %d/%d, loss %.4f", step + 1, cfg.steps, loss.item())
-    model.eval()
-    return loss.item()
+        return texts, verdicts
+
+    return train_supervised(model, tokenizer, cfg, rows, "verifier warm start")
 
 
 @torch.no_grad()

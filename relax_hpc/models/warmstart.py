@@ -165,16 +165,31 @@ def train_on_sloppy_teacher(
     """Supervised training on teacher answers (loss on answer + EOS); returns the last loss."""
     generator = torch.Generator().manual_seed(cfg.seed)
     teacher_rng = random.Random(cfg.seed)
+
+    def rows() -> tuple[list[str], list[str]]:
+        pairs = sample_operands(task, cfg.batch_size, generator)
+        answers = [sloppy_answer(a, b, cfg.forget_carry_prob, teacher_rng) for a, b in pairs]
+        return [addition_prompt(a, b) for a, b in pairs], answers
+
+    return train_supervised(model, tokenizer, cfg, rows, "warm start")
+
+
+def train_supervised(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    cfg: Any,
+    rows: Callable[[], tuple[list[str], list[str]]],
+    what: str,
+) -> float:
+    """``cfg.steps`` AdamW steps on the (prompts, answers) batches ``rows()`` draws, with the
+    loss on answer + EOS and ``lr_factor``'s schedule; returns the last loss. ``cfg`` has
+    ``steps``, ``lr``, ``weight_decay``, ``grad_clip`` and the schedule's fields."""
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_factor(step, cfg))
     model.train()
     loss = torch.tensor(float("nan"))
     for step in range(cfg.steps):
-        pairs = sample_operands(task, cfg.batch_size, generator)
-        answers = [sloppy_answer(a, b, cfg.forget_carry_prob, teacher_rng) for a, b in pairs]
-        input_ids, labels = supervised_batch(
-            tokenizer, [addition_prompt(a, b) for a, b in pairs], answers
-        )
+        input_ids, labels = supervised_batch(tokenizer, *rows())
         # Right padding after the last label: the causal mask alone keeps pads out of the loss.
         loss = model(input_ids=input_ids, labels=labels).loss
         optimizer.zero_grad(set_to_none=True)
@@ -183,7 +198,7 @@ def train_on_sloppy_teacher(
         optimizer.step()
         schedule.step()
         if (step + 1) % 100 == 0:
-            log.info("warm start: step %d/%d, loss %.4f", step + 1, cfg.steps, loss.item())
+            log.info("%s: step %d/%d, loss %.4f", what, step + 1, cfg.steps, loss.item())
     model.eval()
     return loss.item()
 
@@ -216,7 +231,8 @@ def supervised_batch(
     return input_ids, labels
 
 
-def lr_factor(step: int, cfg: WarmStartConfig) -> float:
+def lr_factor(step: int, cfg: Any) -> float:
+    """Warm-up, constant, then cosine decay to ``min_lr_ratio`` (``cfg``: a warm start recipe)."""
     decay_start = int(cfg.steps * (1 - cfg.decay_fraction))
     if step < cfg.warmup_steps:
         return (step + 1) / cfg.warmup_steps

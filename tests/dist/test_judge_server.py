@@ -17,16 +17,13 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-import torch
+from reward_fixtures import train_yes_judge
 
 from relax_hpc.config import write_resolved_config
 from relax_hpc.config.compose import compose_run_config
 from relax_hpc.config.rewards import ClientConfig
 from relax_hpc.config.schema import JudgeConfig, ModelConfig
 from relax_hpc.judge.server import JudgeServer
-from relax_hpc.models.build import build_causal_lm
-from relax_hpc.models.tokenizer import build_char_tokenizer
-from relax_hpc.models.warmstart import supervised_batch
 from relax_hpc.paths import RunPaths, read_json
 from relax_hpc.rollout.rewards.judge_address import (
     new_judge_address,
@@ -39,16 +36,6 @@ from relax_hpc.rollout.rewards.services import RewardContext, build_judge_engine
 
 PEER = Path(__file__).with_name("judge_peer.py")
 REPO = Path(__file__).resolve().parents[2]
-ARCH = {
-    "hidden_size": 32,
-    "intermediate_size": 64,
-    "num_hidden_layers": 1,
-    "num_attention_heads": 2,
-    "num_key_value_heads": 2,
-    "head_dim": 16,
-    "max_position_embeddings": 48,
-    "tie_word_embeddings": True,
-}
 CLIENT = ClientConfig(
     timeout_s=5.0,
     batch_size=8,
@@ -64,17 +51,8 @@ CLIENT = ClientConfig(
 def judge_folder(tmp_path_factory) -> Path:
     """A tiny judge that answers "yes" to additions, saved as a Hugging Face folder."""
     folder = tmp_path_factory.mktemp("judge") / "yes-judge"
-    tokenizer = build_char_tokenizer()
-    model = build_causal_lm(ModelConfig(name="j", tokenizer="char", arch=ARCH), tokenizer, seed=0)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=2e-2)
-    texts = [f"{a}+{b}={a + b}?" for a, b in [(1, 2), (13, 9), (40, 2), (7, 77)]]
-    input_ids, labels = supervised_batch(tokenizer, texts, ["yes"] * len(texts))
-    for _ in range(25):
-        loss = model(input_ids=input_ids, labels=labels).loss
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-    model.eval().save_pretrained(folder)
+    model, tokenizer = train_yes_judge()
+    model.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     return folder
 

@@ -5,16 +5,12 @@ the run, and never shows its token."""
 from __future__ import annotations
 
 import re
-import sys
-from pathlib import Path
 
 import pytest
 from e2e_helpers import eval_history, failure_report, scalars, submit
+from reward_fixtures import ScriptedRewardServer
 
 from relax_hpc.paths import RunPaths
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "unit" / "rollout"))
-from reward_server_fixtures import ScriptedRewardServer  # noqa: E402
 
 pytestmark = pytest.mark.slow
 STEPS = 60

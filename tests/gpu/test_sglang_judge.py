@@ -12,11 +12,10 @@ from __future__ import annotations
 
 import pytest
 import torch
+from reward_fixtures import train_yes_judge
 
 from relax_hpc.config.schema import JudgeConfig, ModelConfig
-from relax_hpc.models.build import build_causal_lm
 from relax_hpc.models.tokenizer import build_char_tokenizer
-from relax_hpc.models.warmstart import supervised_batch
 from relax_hpc.rollout.engines.base import GenerationRequest, SamplingParams
 from relax_hpc.rollout.engines.sglang_engine import SGLangEngine
 from relax_hpc.rollout.rewards.scorer import ScoreItem
@@ -45,17 +44,8 @@ ROWS = [ScoreItem(str(a + b)[::-1], "", {}, f"{a}+{b}=") for a, b in [(1, 2), (1
 def judge_folder(tmp_path_factory):
     """A tiny judge trained (on CPU, in seconds) to answer "yes" to additions."""
     folder = tmp_path_factory.mktemp("judge")
-    tokenizer = build_char_tokenizer()
-    model = build_causal_lm(ModelConfig(name="j", tokenizer="char", arch=ARCH), tokenizer)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    texts = [f"{a}+{b}={a + b}?" for a, b in [(1, 2), (13, 9), (40, 2), (7, 77)]]
-    input_ids, labels = supervised_batch(tokenizer, texts, ["yes"] * len(texts))
-    for _ in range(60):
-        loss = model(input_ids=input_ids, labels=labels).loss
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-    model.eval().save_pretrained(folder)
+    model, tokenizer = train_yes_judge(ARCH, steps=60, lr=1e-2)
+    model.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     return folder
 

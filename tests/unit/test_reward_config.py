@@ -133,23 +133,10 @@ def test_reward_configs_that_name_real_parts_resolve(overrides):
 
 
 def test_a_reward_models_head_is_checked_when_the_job_starts(tmp_path):
-    import transformers
-
-    from relax_hpc.models.tokenizer import build_char_tokenizer
+    from reward_fixtures import save_tiny_reward_model
 
     folder = tmp_path / "rm"
-    tokenizer = build_char_tokenizer()
-    config = transformers.Qwen3Config(
-        hidden_size=16,
-        intermediate_size=32,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        num_key_value_heads=2,
-        head_dim=8,
-        vocab_size=len(tokenizer),
-        num_labels=1,
-    )
-    transformers.Qwen3ForSequenceClassification(config).save_pretrained(folder)
+    save_tiny_reward_model(folder, num_labels=1)
     overrides = TINY + [
         "rollout.reward=composite",
         "+rewards.weights.helpful=1",

@@ -7,8 +7,10 @@ import json
 import random
 
 import pytest
+from test_models_warmstart import DATA
+from test_models_warmstart import MODEL as POLICY
 
-from relax_hpc.config.schema import DataConfig, ModelConfig
+from relax_hpc.config.schema import DataConfig
 from relax_hpc.data.tasks import (
     CANDIDATE_MISTAKES,
     lsd_first,
@@ -23,18 +25,7 @@ from relax_hpc.models.verifier_warmstart import (
 )
 from relax_hpc.models.warmstart import WarmStartConfig, warm_start
 
-ARCH = {
-    "hidden_size": 16,
-    "intermediate_size": 32,
-    "num_hidden_layers": 1,
-    "num_attention_heads": 2,
-    "num_key_value_heads": 2,
-    "head_dim": 8,
-    "max_position_embeddings": 32,
-    "tie_word_embeddings": True,
-}
-MODEL = ModelConfig(name="judge", tokenizer="char", arch=ARCH)
-DATA = DataConfig(kind="synthetic_addition", digits=1, eval_size=10, apply_chat_template=False)
+MODEL = dataclasses.replace(POLICY, name="judge")
 RECIPE = VerifierWarmStartConfig(steps=3, batch_size=8, warmup_steps=1, agreement_rows=16)
 
 

@@ -13,7 +13,7 @@ import random
 import time
 
 import pytest
-from reward_server_fixtures import ScriptedRewardServer, free_port
+from reward_fixtures import ScriptedRewardServer, free_port
 
 from relax_hpc.config.rewards import ClientConfig, EndpointConfig
 from relax_hpc.rollout.rewards.credentials import endpoint_token

@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import pytest
-import torch
+from reward_fixtures import TINY_ARCH, train_yes_judge
 
 from relax_hpc.config.schema import JudgeConfig, ModelConfig
 from relax_hpc.models.build import build_causal_lm
 from relax_hpc.models.tokenizer import build_char_tokenizer
-from relax_hpc.models.warmstart import supervised_batch
 from relax_hpc.rollout.engines.base import Engine
 from relax_hpc.rollout.engines.transformers_engine import TransformersEngine
 from relax_hpc.rollout.rewards.judge import JudgeScorer
@@ -16,39 +15,14 @@ from relax_hpc.rollout.rewards.scorer import ScoreItem
 from relax_hpc.rollout.rewards.services import RewardContext, build_judge_scorer
 from relax_hpc.rollout.rewards.verdicts import parse_yes_no, template_text
 
-ARCH = {
-    "hidden_size": 32,
-    "intermediate_size": 64,
-    "num_hidden_layers": 1,
-    "num_attention_heads": 2,
-    "num_key_value_heads": 2,
-    "head_dim": 16,
-    "max_position_embeddings": 48,
-    "tie_word_embeddings": True,
-}
+ARCH = TINY_ARCH
 MODEL = ModelConfig(name="judge", tokenizer="char", arch=ARCH)
 TEMPLATE = template_text("addition_verifier")
 
 
-def train_to_answer(model, tokenizer, answer: str, steps: int = 25) -> None:
-    """A few supervised steps until the model answers ``answer`` to any addition row."""
-    optimizer = torch.optim.AdamW(model.parameters(), lr=2e-2)
-    texts = [f"{a}+{b}={a + b}?" for a, b in [(1, 2), (13, 9), (40, 2), (7, 77)]]
-    input_ids, labels = supervised_batch(tokenizer, texts, [answer] * len(texts))
-    model.train()
-    for _ in range(steps):
-        loss = model(input_ids=input_ids, labels=labels).loss
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-    model.eval()
-
-
 @pytest.fixture(scope="module")
 def yes_judge():
-    tokenizer = build_char_tokenizer()
-    model = build_causal_lm(MODEL, tokenizer, seed=0)
-    train_to_answer(model, tokenizer, "yes")
+    model, tokenizer = train_yes_judge()
     return TransformersEngine(model, tokenizer), tokenizer
 
 

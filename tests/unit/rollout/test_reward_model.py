@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 import torch
 import transformers
+from reward_fixtures import save_tiny_reward_model
 
 from relax_hpc.config import ConfigError
 from relax_hpc.config.rewards import RewardModelConfig, RewardsConfig
-from relax_hpc.models.tokenizer import build_char_tokenizer
 from relax_hpc.rollout.rewards.reward_model import RewardModelScorer, load_reward_model
 from relax_hpc.rollout.rewards.scorer import ScoreItem
 from relax_hpc.rollout.rewards.services import RewardContext, build_scorer
@@ -18,24 +18,7 @@ from relax_hpc.rollout.rewards.services import RewardContext, build_scorer
 @pytest.fixture(scope="module")
 def rm_folder(tmp_path_factory):
     folder = tmp_path_factory.mktemp("rm") / "tiny-rm"
-    tokenizer = build_char_tokenizer()
-    config = transformers.Qwen3Config(
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        num_key_value_heads=2,
-        head_dim=16,
-        max_position_embeddings=128,
-        vocab_size=len(tokenizer),
-        pad_token_id=tokenizer.pad_token_id,
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        num_labels=2,
-    )
-    torch.manual_seed(0)
-    transformers.Qwen3ForSequenceClassification(config).eval().save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
+    save_tiny_reward_model(folder, num_labels=2)
     return folder
 
 

@@ -1,5 +1,10 @@
-"""A real reward endpoint on loopback whose next answers a test scripts.
+"""Fixtures of the reward-service tests (unit, dist, e2e, gpu), importable from any of them.
 
+``ScriptedRewardServer``: a real reward endpoint on loopback whose next answers a test
+scripts. ``train_yes_judge``: a tiny judge that answers "yes" to additions, trained in a
+second. ``save_tiny_reward_model``: a tiny sequence-classification model folder.
+
+The scripted endpoint
 It speaks ``relax_hpc.reward/1`` (the score of an item is the length of its response) and
 can, request by request: answer (``ok``), answer 500 (``error``), answer late (``slow``),
 answer bytes that are not JSON (``garbage``), JSON of another shape (``wrong_shape``),
@@ -16,6 +21,58 @@ import threading
 import time
 from collections import deque
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import torch
+import transformers
+
+from relax_hpc.config.schema import ModelConfig
+from relax_hpc.models.build import build_causal_lm
+from relax_hpc.models.tokenizer import build_char_tokenizer
+from relax_hpc.models.warmstart import supervised_batch
+
+TINY_ARCH = {
+    "hidden_size": 32,
+    "intermediate_size": 64,
+    "num_hidden_layers": 1,
+    "num_attention_heads": 2,
+    "num_key_value_heads": 2,
+    "head_dim": 16,
+    "max_position_embeddings": 48,
+    "tie_word_embeddings": True,
+}
+
+
+def train_yes_judge(arch: dict = TINY_ARCH, steps: int = 25, lr: float = 2e-2):
+    """(model, tokenizer): a few supervised steps until it answers "yes" to additions."""
+    tokenizer = build_char_tokenizer()
+    model = build_causal_lm(ModelConfig(name="judge", tokenizer="char", arch=arch), tokenizer)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
+    texts = [f"{a}+{b}={a + b}?" for a, b in [(1, 2), (13, 9), (40, 2), (7, 77)]]
+    input_ids, labels = supervised_batch(tokenizer, texts, ["yes"] * len(texts))
+    model.train()
+    for _ in range(steps):
+        loss = model(input_ids=input_ids, labels=labels).loss
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    return model.eval(), tokenizer
+
+
+def save_tiny_reward_model(folder, num_labels: int = 1) -> None:
+    """A random Qwen3 sequence-classification model with the char tokenizer, saved."""
+    tokenizer = build_char_tokenizer()
+    config = transformers.Qwen3Config(
+        **{k: v for k, v in TINY_ARCH.items() if k != "max_position_embeddings"},
+        max_position_embeddings=128,
+        vocab_size=len(tokenizer),
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        num_labels=num_labels,
+    )
+    torch.manual_seed(0)
+    transformers.Qwen3ForSequenceClassification(config).eval().save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
 
 
 class ScriptedRewardServer:
