@@ -10,13 +10,16 @@
   ``write_miniature_data`` writes into the run directory; a held-out file when the recipe
   evaluates;
 - ``cluster=local`` with no restarts (a fault shows at once), weights over buckets (Gloo);
+- no alerts: a smoke test on a laptop does not page the team's channel (the run watcher
+  still runs and keeps the cost ledger);
 - judge: a tiny model of the judge's family on the rollout's engine (transformers), not
   warm-started: its verdicts are noise (mostly *failed*, with the reason) but every sample
   goes through the recipe's template, verdict parser and composition.
 
 What the miniature checks stays the recipe's own: reward (and its weights, judge template
-and verdict), algorithm, mode and staleness, data schema and keys, chat template setting. Families whose modality the CPU path cannot
-carry yet (vision, omni) are refused with a ``ConfigError`` that says so.
+and verdict), algorithm, mode and staleness, data schema and keys, chat template setting.
+Families whose modality the CPU path cannot carry yet (vision, omni) are refused with a
+``ConfigError`` that says so.
 
 Must not: import torch or transformers (submit applies it right after composition).
 """
@@ -97,6 +100,7 @@ def miniaturize(cfg: RunConfig, data_dir: Path) -> RunConfig:
         cluster=replace(cfg.cluster, kind="local", max_restarts=0),
         weightsync=replace(cfg.weightsync, transport="buckets", backend="auto"),
         spool=replace(cfg.spool, poll_s=min(cfg.spool.poll_s, SPOOL_POLL_S)),
+        observe=replace(cfg.observe, alerts=replace(cfg.observe.alerts, events=[])),
         judge=_tiny_judge(cfg),
     )
 

@@ -15,6 +15,7 @@ this module checks that each *name* stands for something that exists where the j
 | ``model.path``, ``model.tokenizer`` | a config.json and a tokenizer that load (not the weights)* |
 | ``trainer.backend``, ``rollout.backend`` | a backend whose library the job's interpreter has* |
 | ``model.modality`` | a modality the trainer and engines carry* |
+| ``trainer.backend=megatron`` | an architecture its weight mapping covers* |
 | ``cluster.python`` | an executable* |
 
 (*) only with ``check_paths``: when the job is about to run, not when a script is rendered.
@@ -43,6 +44,8 @@ ROLLOUT_BACKEND_LIBRARIES = {"transformers": "transformers", "sglang": "sglang"}
 FILE_KINDS = ("jsonl", "parquet")
 # What the trainer and the engines carry today; images and audio come with multimodal support.
 RUNNABLE_MODALITIES = ("text",)
+# The architectures the Megatron backend's HF <-> Megatron mapping covers (megatron_mapping).
+MEGATRON_ARCHITECTURES = ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM")
 
 
 def resolve_names(cfg: RunConfig, check_paths: bool = False) -> None:
@@ -54,6 +57,7 @@ def resolve_names(cfg: RunConfig, check_paths: bool = False) -> None:
     resolve_reward_services(cfg, check_paths)
     if check_paths:
         check_modality(cfg.model)
+        check_megatron_architecture(cfg)
         check_backend_libraries(cfg)
         check_interpreter(cfg)
 
@@ -254,6 +258,15 @@ def check_modality(model: ModelConfig) -> None:
             f"{model.modality} ({model.architecture}) cannot run yet: the trainer and the "
             "engines carry text only until multimodal support lands (README: Known "
             "limitations); dry_run=true renders the job",
+        )
+
+
+def check_megatron_architecture(cfg: RunConfig) -> None:
+    if cfg.trainer.backend == "megatron" and cfg.model.architecture not in MEGATRON_ARCHITECTURES:
+        raise ConfigError(
+            "trainer.backend",
+            f"megatron maps {', '.join(MEGATRON_ARCHITECTURES)} only, not "
+            f"{cfg.model.architecture}; use trainer.backend=torch (FSDP2) for this model",
         )
 
 

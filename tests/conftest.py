@@ -206,6 +206,18 @@ def write_transformers5_folder(folder):
     return model, tokenizer
 
 
+@pytest.fixture
+def broken_model_folder(transformers5_folder, tmp_path):
+    """A copy of the transformers 5 folder whose weights file was cut short (a bad copy)."""
+    import shutil
+
+    broken = tmp_path / "broken-model"
+    shutil.copytree(transformers5_folder[0], broken)
+    weights = broken / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:200])
+    return broken
+
+
 @pytest.fixture(scope="session")
 def transformers5_folder(tmp_path_factory):
     """(folder, model as saved, tokenizer as saved) of ``write_transformers5_folder``."""

@@ -127,3 +127,14 @@ def test_every_shipped_data_config_names_a_known_schema_and_its_keys():
         yaml.safe_load(p.read_text()).get("schema") for p in default_config_dir().glob("data/*")
     }
     assert set(SCHEMAS) - {"custom"} <= shipped  # every published schema has a data config
+
+
+def test_the_schemas_import_no_torch():
+    """submit and the miniature read them: no torch, no transformers."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, relax_hpc.data.schemas;assert not {'torch', 'transformers'} & set(sys.modules)"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import shutil
 
 import pytest
 import torch
@@ -42,12 +41,8 @@ def test_a_transformers5_config_keeps_its_rope_theta(transformers5_folder):
         assert torch.allclose(model(ids).logits, saved_model(ids).logits, atol=1e-5)
 
 
-def test_a_folder_that_cannot_load_is_a_config_error_naming_it(transformers5_folder, tmp_path):
-    folder, _, _ = transformers5_folder
-    broken = tmp_path / "broken"
-    shutil.copytree(folder, broken)
-    weights = broken / "model.safetensors"
-    weights.write_bytes(weights.read_bytes()[:100])  # an interrupted copy
+def test_a_folder_that_cannot_load_is_a_config_error_naming_it(broken_model_folder):
+    broken = broken_model_folder
     with pytest.raises(ConfigError) as err:
         load_causal_lm(str(broken), torch.float32)
     assert err.value.field == "model.path" and str(broken) in str(err.value)

@@ -115,3 +115,12 @@ def test_every_builtin_reward_resolves_and_survives_garbage():
         for completion in garbage:
             result = fn(completion, "B" if name == "multiple_choice" else "12", {})
             assert -1.0 <= result.score <= 1.0, (name, completion[:20])
+
+
+def test_the_reward_process_imports_no_torch():
+    """The scorer's child process imports this package: it must start light."""
+    import subprocess
+    import sys
+
+    code = "import sys, relax_hpc.rollout.rewards; assert 'torch' not in sys.modules"
+    subprocess.run([sys.executable, "-c", code], check=True)
