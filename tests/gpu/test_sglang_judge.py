@@ -13,6 +13,7 @@ from __future__ import annotations
 import pytest
 import torch
 from reward_fixtures import train_yes_judge
+from test_sglang_engine import ARCH  # head_dim 64: what every SGLang attention backend takes
 
 from relax_hpc.config.schema import JudgeConfig, ModelConfig
 from relax_hpc.models.tokenizer import build_char_tokenizer
@@ -27,16 +28,6 @@ pytestmark = [
 ]
 sglang = pytest.importorskip("sglang", reason="needs the gpu extra (sglang)")
 
-ARCH = {  # head_dim 64: the smallest size every SGLang attention backend supports
-    "hidden_size": 128,
-    "intermediate_size": 256,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 2,
-    "num_key_value_heads": 2,
-    "head_dim": 64,
-    "max_position_embeddings": 256,
-    "tie_word_embeddings": False,
-}
 ROWS = [ScoreItem(str(a + b)[::-1], "", {}, f"{a}+{b}=") for a, b in [(1, 2), (13, 9), (40, 2)]]
 
 
