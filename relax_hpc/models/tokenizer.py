@@ -12,6 +12,7 @@ Must not: download anything, or depend on a vocabulary file that is not built he
 from __future__ import annotations
 
 import string
+from collections.abc import Sequence
 
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors
 from transformers import PreTrainedTokenizerFast
@@ -24,10 +25,28 @@ SPECIAL_TOKENS = (PAD_TOKEN, BOS_TOKEN, EOS_TOKEN, UNK_TOKEN)  # ids 0..3, in th
 # Printable ASCII without the vertical whitespace that string.printable also carries.
 ALPHABET = "".join(c for c in string.printable if c not in "\r\x0b\x0c")
 
-# A minimal chat template so that datasets with ``apply_chat_template: true`` work too.
+# A minimal chat template so that datasets with ``apply_chat_template: true`` work too:
+# ``role: content`` lines. Tool calls and tool results follow Qwen3's template in this
+# format: an assistant's ``tool_calls`` are written as ``<tool_call>`` JSON blocks, and
+# consecutive ``tool`` messages become one user turn of ``<tool_response>`` blocks.
 CHAT_TEMPLATE = (
-    "{% for message in messages %}{{ message['role'] }}: {{ message['content'] }}\n{% endfor %}"
-    "{% if add_generation_prompt %}assistant: {% endif %}"
+    "{%- for message in messages -%}"
+    "{%- if message['role'] == 'tool' -%}"
+    "{%- if loop.first or messages[loop.index0 - 1]['role'] != 'tool' %}user:{% endif -%}"
+    "{{ '\n<tool_response>\n' ~ message['content'] ~ '\n</tool_response>' }}"
+    "{%- if loop.last or messages[loop.index0 + 1]['role'] != 'tool' %}{{ '\n' }}{% endif -%}"
+    "{%- else -%}"
+    "{{ message['role'] ~ ': ' ~ (message['content'] or '') }}"
+    "{%- for call in message.tool_calls or [] -%}"
+    "{%- if not loop.first or message['content'] %}{{ '\n' }}{% endif -%}"
+    "{%- set call = call.function or call -%}"
+    "{%- set arguments = call.arguments if call.arguments is string else call.arguments | tojson -%}"
+    "{{ '<tool_call>\n{\"name\": \"' ~ call.name ~ '\", \"arguments\": ' ~ arguments ~ '}\n</tool_call>' }}"
+    "{%- endfor -%}"
+    "{{ '\n' }}"
+    "{%- endif -%}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt %}{{ 'assistant: ' }}{% endif -%}"
 )
 
 
@@ -40,16 +59,12 @@ def char_vocab() -> dict[str, int]:
 def build_char_tokenizer(model_max_length: int = 2048) -> PreTrainedTokenizerFast:
     """The character tokenizer; identical on every machine, no files needed."""
     vocab = char_vocab()
-    backend = Tokenizer(models.WordLevel(vocab=vocab, unk_token=UNK_TOKEN))
-    # Every character is its own pre-token; special tokens are matched before this runs.
-    backend.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
-    backend.decoder = decoders.Fuse()
-    backend.post_processor = processors.TemplateProcessing(
+    post_processor = processors.TemplateProcessing(
         single=f"{BOS_TOKEN} $A",
         pair=f"{BOS_TOKEN} $A $B",
         special_tokens=[(BOS_TOKEN, vocab[BOS_TOKEN])],
     )
-    backend.add_special_tokens(list(SPECIAL_TOKENS))
+    backend = char_level_backend(vocab, SPECIAL_TOKENS, UNK_TOKEN, post_processor)
     tokenizer = PreTrainedTokenizerFast(
         tokenizer_object=backend,
         pad_token=PAD_TOKEN,
@@ -64,3 +79,20 @@ def build_char_tokenizer(model_max_length: int = 2048) -> PreTrainedTokenizerFas
     )
     tokenizer.chat_template = CHAT_TEMPLATE
     return tokenizer
+
+
+def char_level_backend(
+    vocab: dict[str, int],
+    special_tokens: Sequence[str],
+    unk_token: str,
+    post_processor: processors.PostProcessor | None = None,
+) -> Tokenizer:
+    """A ``tokenizers`` WordLevel model over single characters plus ``special_tokens``."""
+    backend = Tokenizer(models.WordLevel(vocab=vocab, unk_token=unk_token))
+    # Every character is its own pre-token; special tokens are matched before this runs.
+    backend.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
+    backend.decoder = decoders.Fuse()
+    if post_processor is not None:
+        backend.post_processor = post_processor
+    backend.add_special_tokens(list(special_tokens))
+    return backend

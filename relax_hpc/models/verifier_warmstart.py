@@ -21,7 +21,6 @@ import dataclasses
 import random
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import torch
 from transformers import PreTrainedModel
@@ -31,11 +30,11 @@ from relax_hpc.config.schema import DataConfig, ModelConfig
 from relax_hpc.data.tasks import AdditionTask, addition_prompt, verification_candidate
 from relax_hpc.models.build import build_causal_lm, build_tokenizer
 from relax_hpc.models.warmstart import (
-    cache_key,
     cache_key_fields,
     cached_training,
+    fit_supervised,
     sample_operands,
-    train_supervised,
+    supervised_batch,
 )
 
 VERIFIER_VERSION = 1  # bump when the recipe below changes
@@ -85,15 +84,16 @@ def warm_start_verifier(
     tokenizer = build_tokenizer(model_cfg)
     key_fields = cache_key_fields(model_cfg, data_cfg, cfg, split_seed, tokenizer)  # type: ignore[arg-type]
     key_fields["version"] = f"verifier-{VERIFIER_VERSION}"
-    folder = Path(cache_dir) / f"verifier-{cache_key(key_fields)}"
+    task = AdditionTask(data_cfg.digits, data_cfg.eval_size, split_seed)
 
-    def train() -> tuple[PreTrainedModel, dict[str, Any]]:
-        task = AdditionTask(data_cfg.digits, data_cfg.eval_size, split_seed)
+    def train() -> tuple[PreTrainedModel, PreTrainedTokenizerBase, float]:
         model = build_causal_lm(model_cfg, tokenizer, torch.float32, seed=cfg.seed)
-        final_loss = train_verifier(model, tokenizer, task, cfg)
-        return model, {"final_loss": final_loss, **verifier_agreement(model, tokenizer, task, cfg)}
+        return model, tokenizer, train_verifier(model, tokenizer, task, cfg)
 
-    return cached_training(folder, key_fields, tokenizer, train)
+    def measure(model: PreTrainedModel) -> dict[str, float]:
+        return verifier_agreement(model, tokenizer, task, cfg)
+
+    return cached_training(Path(cache_dir), "verifier", key_fields, train, measure)
 
 
 def train_verifier(
@@ -106,15 +106,16 @@ def train_verifier(
     generator = torch.Generator().manual_seed(cfg.seed)
     rng = random.Random(cfg.seed)
 
-    def rows() -> tuple[list[str], list[str]]:
+    def next_batch() -> dict[str, torch.Tensor]:
         texts, verdicts = [], []
         for a, b in sample_operands(task, cfg.batch_size, generator):
             candidate, correct = verification_candidate(a, b, rng, cfg.correct_share)
             texts.append(verification_text(a, b, candidate))
             verdicts.append(YES if correct else NO)
-        return texts, verdicts
+        input_ids, labels = supervised_batch(tokenizer, texts, verdicts)
+        return {"input_ids": input_ids, "labels": labels}
 
-    return train_supervised(model, tokenizer, cfg, rows, "verifier warm start")
+    return fit_supervised(model, cfg, next_batch)
 
 
 @torch.no_grad()

@@ -27,10 +27,10 @@ import random
 import shutil
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 from transformers import PreTrainedModel
@@ -92,40 +92,42 @@ def warm_start(
         raise ValueError("the warm start builds its model from model.arch; set model.path=null")
     tokenizer = build_tokenizer(model_cfg)
     key_fields = cache_key_fields(model_cfg, data_cfg, cfg, split_seed, tokenizer)
-    folder = Path(cache_dir) / f"warmstart-{cache_key(key_fields)}"
 
-    def train() -> tuple[PreTrainedModel, dict[str, Any]]:
+    def train() -> tuple[PreTrainedModel, PreTrainedTokenizerBase, float]:
         task = AdditionTask(data_cfg.digits, data_cfg.eval_size, split_seed)
         model = build_causal_lm(model_cfg, tokenizer, torch.float32, seed=cfg.seed)
-        return model, {"final_loss": train_on_sloppy_teacher(model, tokenizer, task, cfg)}
+        return model, tokenizer, train_on_sloppy_teacher(model, tokenizer, task, cfg)
 
-    return cached_training(folder, key_fields, tokenizer, train)
-
-
-def cache_key(key_fields: dict[str, Any]) -> str:
-    return hashlib.sha256(json.dumps(key_fields, sort_keys=True).encode()).hexdigest()[:16]
+    return cached_training(Path(cache_dir), "warmstart", key_fields, train)
 
 
 def cached_training(
-    folder: Path,
+    cache_dir: Path,
+    prefix: str,
     key_fields: dict[str, Any],
-    tokenizer: PreTrainedTokenizerBase,
-    train: Callable[[], tuple[PreTrainedModel, dict[str, Any]]],
+    train: Callable[[], tuple[PreTrainedModel, Any, float]],
+    measure: Callable[[PreTrainedModel], dict[str, float]] | None = None,
 ) -> Path:
-    """``folder`` if a finished one is there; else ``train()`` and publish its model there."""
+    """``cache_dir/<prefix>-<key>``, ``key`` a hash of ``key_fields``: the cached folder, or
+    the one ``train()`` makes (model, its tokenizer or processor (anything with
+    ``save_pretrained``), final loss), published atomically with ``warmstart.json``, which
+    also keeps what ``measure(model)`` found (e.g. a verifier's agreement)."""
+    key = hashlib.sha256(json.dumps(key_fields, sort_keys=True).encode()).hexdigest()[:16]
+    folder = cache_dir / f"{prefix}-{key}"
     if (folder / METADATA_NAME).is_file():
-        log.info("warm start: cached at %s", folder)
+        log.info("%s: cached at %s", prefix, folder)
         return folder
     started = time.monotonic()
-    model, results = train()
+    model, saver, final_loss = train()
     metadata = {
-        "key": folder.name.rsplit("-", 1)[-1],
+        "key": key,
         "inputs": key_fields,
-        **results,
+        "final_loss": final_loss,
         "train_s": round(time.monotonic() - started, 2),
+        **(measure(model) if measure else {}),
     }
-    log.info("warm start: %s trained in %.1f s: %s", folder.name, metadata["train_s"], results)
-    return publish_folder(folder, model, tokenizer, metadata)
+    log.info("%s: trained in %.1f s, loss %.4f", prefix, metadata["train_s"], final_loss)
+    return _publish(folder, model, saver, metadata)
 
 
 def warm_started_model_config(model_cfg: ModelConfig, folder: str | Path) -> ModelConfig:
@@ -166,39 +168,51 @@ def train_on_sloppy_teacher(
     generator = torch.Generator().manual_seed(cfg.seed)
     teacher_rng = random.Random(cfg.seed)
 
-    def rows() -> tuple[list[str], list[str]]:
+    def next_batch() -> dict[str, torch.Tensor]:
         pairs = sample_operands(task, cfg.batch_size, generator)
         answers = [sloppy_answer(a, b, cfg.forget_carry_prob, teacher_rng) for a, b in pairs]
-        return [addition_prompt(a, b) for a, b in pairs], answers
+        input_ids, labels = supervised_batch(
+            tokenizer, [addition_prompt(a, b) for a, b in pairs], answers
+        )
+        # Right padding after the last label: the causal mask alone keeps pads out of the loss.
+        return {"input_ids": input_ids, "labels": labels}
 
-    return train_supervised(model, tokenizer, cfg, rows, "warm start")
+    return fit_supervised(model, cfg, next_batch)
 
 
-def train_supervised(
+class SupervisedRecipe(Protocol):
+    """What ``fit_supervised`` reads of a recipe (``WarmStartConfig`` and its media twin)."""
+
+    steps: int
+    lr: float
+    warmup_steps: int
+    decay_fraction: float
+    min_lr_ratio: float
+    weight_decay: float
+    grad_clip: float
+
+
+def fit_supervised(
     model: PreTrainedModel,
-    tokenizer: PreTrainedTokenizerBase,
-    cfg: Any,
-    rows: Callable[[], tuple[list[str], list[str]]],
-    what: str,
+    cfg: SupervisedRecipe,
+    next_batch: Callable[[], Mapping[str, torch.Tensor]],
+    log_every_steps: int = 100,
 ) -> float:
-    """``cfg.steps`` AdamW steps on the (prompts, answers) batches ``rows()`` draws, with the
-    loss on answer + EOS and ``lr_factor``'s schedule; returns the last loss. ``cfg`` has
-    ``steps``, ``lr``, ``weight_decay``, ``grad_clip`` and the schedule's fields."""
+    """``cfg.steps`` AdamW steps on ``model(**next_batch()).loss`` with ``cfg``'s lr, warm-up,
+    decay, weight decay and clipping; the last loss."""
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
-    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_factor(step, cfg))
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: _lr_factor(step, cfg))
     model.train()
     loss = torch.tensor(float("nan"))
     for step in range(cfg.steps):
-        input_ids, labels = supervised_batch(tokenizer, *rows())
-        # Right padding after the last label: the causal mask alone keeps pads out of the loss.
-        loss = model(input_ids=input_ids, labels=labels).loss
+        loss = model(**next_batch()).loss
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
         optimizer.step()
         schedule.step()
-        if (step + 1) % 100 == 0:
-            log.info("%s: step %d/%d, loss %.4f", what, step + 1, cfg.steps, loss.item())
+        if (step + 1) % log_every_steps == 0:
+            log.info("warm start: step %d/%d, loss %.4f", step + 1, cfg.steps, loss.item())
     model.eval()
     return loss.item()
 
@@ -231,8 +245,7 @@ def supervised_batch(
     return input_ids, labels
 
 
-def lr_factor(step: int, cfg: Any) -> float:
-    """Warm-up, constant, then cosine decay to ``min_lr_ratio`` (``cfg``: a warm start recipe)."""
+def _lr_factor(step: int, cfg: SupervisedRecipe) -> float:
     decay_start = int(cfg.steps * (1 - cfg.decay_fraction))
     if step < cfg.warmup_steps:
         return (step + 1) / cfg.warmup_steps
@@ -242,10 +255,10 @@ def lr_factor(step: int, cfg: Any) -> float:
     return cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
 
 
-def publish_folder(
+def _publish(
     folder: Path,
     model: PreTrainedModel,
-    tokenizer: PreTrainedTokenizerBase,
+    tokenizer: Any,
     metadata: dict[str, Any],
 ) -> Path:
     """Write into a temp folder beside ``folder``, then rename it into place (first one wins)."""
