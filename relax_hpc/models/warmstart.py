@@ -43,6 +43,7 @@ from relax_hpc.paths import fsync_file
 
 log = logging.getLogger(__name__)
 
+CACHE_DIR_ENV = "RELAX_HPC_CACHE_DIR"
 WARMSTART_VERSION = 2  # bump when the training recipe below changes
 METADATA_NAME = "warmstart.json"
 
@@ -68,6 +69,11 @@ class WarmStartConfig:
     grad_clip: float = 1.0
     forget_carry_prob: float = 0.7
     seed: int = 0
+
+
+def default_cache_dir() -> Path:
+    """``$RELAX_HPC_CACHE_DIR``, else ``~/.cache/relax_hpc``: where warm starts are kept."""
+    return Path(os.environ.get(CACHE_DIR_ENV, Path.home() / ".cache" / "relax_hpc"))
 
 
 def warm_start(
@@ -101,10 +107,12 @@ def cached_training(
     prefix: str,
     key_fields: dict[str, Any],
     train: Callable[[], tuple[PreTrainedModel, Any, float]],
+    measure: Callable[[PreTrainedModel], dict[str, float]] | None = None,
 ) -> Path:
     """``cache_dir/<prefix>-<key>``, ``key`` a hash of ``key_fields``: the cached folder, or
     the one ``train()`` makes (model, its tokenizer or processor (anything with
-    ``save_pretrained``), final loss), published atomically with ``warmstart.json``."""
+    ``save_pretrained``), final loss), published atomically with ``warmstart.json``, which
+    also keeps what ``measure(model)`` found (e.g. a verifier's agreement)."""
     key = hashlib.sha256(json.dumps(key_fields, sort_keys=True).encode()).hexdigest()[:16]
     folder = cache_dir / f"{prefix}-{key}"
     if (folder / METADATA_NAME).is_file():
@@ -117,6 +125,7 @@ def cached_training(
         "inputs": key_fields,
         "final_loss": final_loss,
         "train_s": round(time.monotonic() - started, 2),
+        **(measure(model) if measure else {}),
     }
     log.info("%s: trained in %.1f s, loss %.4f", prefix, metadata["train_s"], final_loss)
     return _publish(folder, model, saver, metadata)

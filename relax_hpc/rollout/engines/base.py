@@ -111,12 +111,13 @@ class Engine(abc.ABC):
     ) -> None:
         """Copy (some or all) weights by name; later generations carry ``policy_version``."""
 
-    @abc.abstractmethod
     def release_memory(self) -> None:
         """Free the device memory of the weights and the KV cache for a colocated trainer;
-        the weights stay restorable. Idempotent."""
+        the weights stay restorable. Idempotent. Engines that hold device memory override
+        it; this default refuses, so that a sync run never takes memory as freed that is not."""
+        raise NotImplementedError(f"{type(self).__name__} cannot release its memory (mode=sync)")
 
-    @abc.abstractmethod
     def resume_memory(self) -> None:
         """Undo ``release_memory`` (a no-op when nothing is released). ``generate`` and the
         weight loads call it themselves."""
+        return None
