@@ -40,8 +40,8 @@ from relax_hpc.algo import AlgoConfig, resolve
 from relax_hpc.config.schema import DataConfig, ModelConfig
 from relax_hpc.data.tasks import AdditionTask, addition_prompt, lsd_first, sloppy_answer
 from relax_hpc.models.build import build_tokenizer
+from relax_hpc.models.chat_format import ChatFormat
 from relax_hpc.models.warmstart import WarmStartConfig, _lr_factor, sample_operands, warm_start
-from relax_hpc.rollout.chat_format import ChatFormat
 from relax_hpc.rollout.engines.base import SamplingParams
 from relax_hpc.rollout.engines.transformers_engine import TransformersEngine
 from relax_hpc.rollout.envs import EnvRuntime

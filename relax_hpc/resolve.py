@@ -5,6 +5,7 @@ this module checks that each *name* stands for something that exists where the j
 
 | field | resolves to |
 |---|---|
+| ``rollout.environment``, ``rollout.environment_options`` | an environment class (built-in or ``module:Class``, imported) and options it declares; the tokenizer's chat template* and, for ``python_math``, network isolation* |
 | ``rollout.reward``, ``rewards.*`` | each reward part: ``judge`` (a judge is configured), a reward model or endpoint of ``rewards``, a built-in reward or ``module:function`` (imported) |
 | ``judge.template``, ``judge.verdict`` | a built-in template or text with ``{response}``; a verdict parser |
 | ``judge.model.*``, ``rewards.reward_models.*.path`` | a judge class and folder that load; a score head with the label* |
@@ -36,6 +37,7 @@ from pathlib import Path
 
 from relax_hpc.config import ConfigError, DataConfig, ModelConfig, RunConfig
 from relax_hpc.config.rewards import COMPOSITE
+from relax_hpc.config.schema import BUILTIN_TOKENIZERS
 from relax_hpc.data.schemas import SCHEMAS
 
 # Backend name -> the library the job's interpreter must be able to import.
@@ -51,6 +53,7 @@ MEGATRON_ARCHITECTURES = ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM")
 def resolve_names(cfg: RunConfig, check_paths: bool = False) -> None:
     """Raise ``ConfigError`` for the first name in ``cfg`` that resolves to nothing."""
     resolve_reward_parts(cfg)
+    resolve_environment_name(cfg, check_paths)
     resolve_algorithm(cfg)
     resolve_data(cfg, check_paths)
     resolve_model(cfg.model, check_paths)
@@ -86,6 +89,45 @@ def reward_part_fields(cfg: RunConfig) -> dict[str, str]:
         if name:
             fields.setdefault(name, f"rewards.{field}")
     return fields
+
+
+def resolve_environment_name(cfg: RunConfig, check_paths: bool) -> None:
+    """``rollout.environment`` imports and takes its options; with ``check_paths``, the
+    policy's tokenizer can render observations and the Python tool can drop its network."""
+    spec = cfg.rollout.environment
+    if spec is None:
+        return
+    from relax_hpc.rollout.envs.registry import resolve_environment
+
+    options = cfg.rollout.environment_options
+    try:
+        env_class = resolve_environment(spec, options)
+    except ValueError as err:
+        text = str(err)
+        options_field = "rollout.environment_options"
+        field = options_field if text.startswith(options_field) else "rollout.environment"
+        raise ConfigError(field, text) from None
+    if not check_paths:
+        return
+    from relax_hpc.models.build import build_tokenizer
+
+    if build_tokenizer(cfg.model).chat_template is None:
+        raise ConfigError(
+            "rollout.environment",
+            f"{spec} renders observations with the tokenizer's chat template and "
+            f"{cfg.model.path or cfg.model.tokenizer} has none; use a tokenizer with one",
+        )
+    if getattr(env_class, "needs_network_isolation", lambda _options: False)(options):
+        from relax_hpc.rollout.tools.python_exec import probe_network_isolation
+
+        reason = probe_network_isolation()
+        if reason is not None:
+            raise ConfigError(
+                "rollout.environment_options",
+                f"{spec} runs programs without network, but {reason}; allow user "
+                "namespaces on the rollout nodes, or set "
+                "+rollout.environment_options.network=allow to run them with network",
+            )
 
 
 def resolve_reward_parts(cfg: RunConfig) -> None:
@@ -247,7 +289,7 @@ def resolve_model(model: ModelConfig, check_paths: bool, prefix: str = "model") 
             load_model_config(getattr(model, field), f"{prefix}.{field}")
     if model.tokenizer == "auto" and model.path:
         load_tokenizer(model.path, f"{prefix}.path")
-    elif model.tokenizer not in ("auto", "char"):
+    elif model.tokenizer not in ("auto", *BUILTIN_TOKENIZERS):
         load_tokenizer(model.tokenizer, f"{prefix}.tokenizer")
 
 

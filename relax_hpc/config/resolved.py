@@ -27,12 +27,15 @@ REMOVED_KEYS = (
     "dry_run",
     "prepare_only",
     "relayout",
-    "rollout.max_turns",
-    "rollout.environment",
     "observe.tensorboard",
     "observe.progress_bar",
     "observe.log_interval_steps",
 )
+
+
+# (key, value an earlier version wrote, what it means now). Early versions wrote
+# rollout.environment: single_turn (and max_turns: 1) as placeholders of a one-turn run.
+LEGACY_VALUES = (("rollout.environment", "single_turn", None),)
 
 
 def run_config_to_yaml(cfg: RunConfig) -> str:
@@ -61,6 +64,10 @@ def load_run_config(path: Path | str) -> RunConfig:
 
 
 def _without_removed_keys(stored, path: Path):
+    for dotted, legacy, now in LEGACY_VALUES:
+        if OmegaConf.select(stored, dotted) == legacy:
+            log.warning("config: %s: %s (in %s) is read as %s", dotted, legacy, path, now)
+            OmegaConf.update(stored, dotted, now)
     for dotted in REMOVED_KEYS:
         section, _, key = dotted.rpartition(".")
         node = OmegaConf.select(stored, section) if section else stored

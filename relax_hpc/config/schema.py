@@ -33,9 +33,11 @@ ROLLOUT_BACKENDS = ("transformers", "sglang")
 JUDGE_PLACEMENTS = ("rollout", "component")
 JUDGE_WARM_STARTS = ("none", "addition_verifier")
 JUDGE_VERDICTS = ("yes_no", "score", "letter")
-DATA_KINDS = ("jsonl", "parquet", "synthetic_addition")
+DATA_KINDS = ("jsonl", "parquet", "synthetic_addition", "guess_number")
 CLUSTER_KINDS = ("local", "slurm", "auto")
 RESUME_CHOICES = ("auto", "never")
+# model.tokenizer values built in code (relax_hpc/models/tokenizer.py), not read from a folder
+BUILTIN_TOKENIZERS = ("char", "char_tools")
 
 
 @dataclass
@@ -46,7 +48,9 @@ class ModelConfig:
     path: str | None = None  # local HF folder (config, weights, tokenizer); never downloaded
     architecture: str = "Qwen3ForCausalLM"  # transformers class, used when building from arch
     arch: dict[str, Any] = field(default_factory=dict)  # config kwargs when path is None
-    tokenizer: str = "auto"  # auto = from path | char = built-in offline tokenizer | a folder
+    # auto = from path | char = built-in offline tokenizer (char_tools: with the tool-call
+    # tags as single tokens) | a folder
+    tokenizer: str = "auto"
     modality: str = "text"  # text | vision | audio | omni
     dtype: str = "auto"  # auto = float32 on CPU, bfloat16 on GPU
     reference_path: str | None = None  # reference policy for KL/TIS; None = the initial policy
@@ -96,6 +100,16 @@ class TrainerConfig:
 
 
 @dataclass
+class ToolSandboxConfig:
+    """The worker processes that run an environment's tool calls (``rollout/tools``)."""
+
+    num_workers: int = 4  # calls in flight at once per rollout worker
+    timeout_s: float = 10.0  # per call; the worker is killed (and replaced) after it
+    max_output_bytes: int = 8192  # longer output is cut and marked truncated
+    memory_mb: int = 2048  # address-space cap of a tool worker
+
+
+@dataclass
 class RolloutConfig:
     backend: str = "transformers"  # transformers (CPU or one GPU) | sglang (GPU)
     nodes: int = 1
@@ -116,6 +130,16 @@ class RolloutConfig:
     engine_mem_fraction: float = 0.85  # sglang: static memory fraction of each GPU
     eval_interval_steps: int = 10  # greedy held-out eval every N policy versions (0 = off)
     torch_threads: int = 1
+    # Multi-turn (agentic) rollouts (docs/agents.md). null: one completion per sample, scored
+    # by rollout.reward. Else a built-in environment (calculator | guess_number |
+    # python_math) or a user's package.module:Class, resolved at submit; it rewards its own
+    # episodes (rollout.reward is then not used).
+    environment: str | None = None
+    environment_options: dict[str, Any] = field(default_factory=dict)  # its Options fields
+    max_turns: int = 4  # model turns per episode
+    max_episode_tokens: int = 512  # response tokens per episode: model + observation
+    episode_timeout_s: float = 300.0  # wall time per episode, tools included
+    tools: ToolSandboxConfig = field(default_factory=ToolSandboxConfig)
 
 
 @dataclass
@@ -170,6 +194,7 @@ class DataConfig:
     max_prompt_tokens: int = 1024
     eval_size: int = 256
     digits: int = 2  # synthetic_addition: operand digits
+    guess_range: list[int] = field(default_factory=lambda: [1, 20])  # guess_number: low, high
 
 
 @dataclass

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from relax_hpc.config.errors import ConfigError
 from relax_hpc.config.schema import (
+    BUILTIN_TOKENIZERS,
     CLUSTER_KINDS,
     DATA_KINDS,
     DTYPES,
@@ -25,6 +26,7 @@ from relax_hpc.config.schema import (
     RunConfig,
     TrainerConfig,
 )
+from relax_hpc.config.validate_agents import check_agents
 from relax_hpc.config.validate_rewards import check_rewards, judge_paths
 
 
@@ -45,6 +47,7 @@ def validate_run_config(cfg: RunConfig, check_paths: bool = False) -> None:
     _check_cluster(cfg)
     _check_data(cfg)
     check_rewards(cfg)
+    check_agents(cfg)
     if check_paths:
         check_paths_exist(cfg)
 
@@ -341,7 +344,7 @@ def check_paths_exist(cfg: RunConfig) -> None:
         "data.path": cfg.data.path,
         "data.eval_path": cfg.data.eval_path,
     }
-    if cfg.model.tokenizer not in ("auto", "char"):
+    if cfg.model.tokenizer not in ("auto", *BUILTIN_TOKENIZERS):
         candidates["model.tokenizer"] = cfg.model.tokenizer
     candidates.update(judge_paths(cfg))
     for name, value in candidates.items():

@@ -1,5 +1,6 @@
 """Prompt datasets: local JSONL/Parquet files or the synthetic task, as ``PromptRecord``s.
 
+``guess_number`` rows are games of the number-guessing environment (``data.tasks``).
 A row holds a prompt and a reference answer under ``data.prompt_key`` / ``data.answer_key``
 (dotted keys reach into nested columns, e.g. ``reward_model.ground_truth``), as the row's
 published schema (``data.schema``, ``relax_hpc.data.schemas``) lays them out; a schema with
@@ -24,7 +25,9 @@ from transformers.tokenization_utils_base import PreTrainedTokenizerBase
 
 from relax_hpc.config.schema import DataConfig
 from relax_hpc.data.schemas import SCHEMAS
-from relax_hpc.data.tasks import AdditionTask
+from relax_hpc.data.tasks import AdditionTask, GuessNumberTask
+
+GUESS_TRAIN_GAMES = 100_000  # guess_number: games of the train split (drawn lazily)
 
 SPLITS = ("train", "eval")
 
@@ -38,6 +41,9 @@ class PromptRecord:
     answer: str
     metadata: dict[str, Any] = field(default_factory=dict)  # the row's other columns
     images: tuple[bytes, ...] = ()  # encoded images (PNG, JPEG) of the schema's image column
+    # The prompt as the row holds it (a string or chat messages), for environments that
+    # render it themselves (rollout.environment); None when built by hand.
+    source_prompt: Any = None
 
 
 class PromptDataset(Sequence[PromptRecord]):
@@ -71,14 +77,15 @@ class PromptDataset(Sequence[PromptRecord]):
 
     def __getitem__(self, index: int) -> PromptRecord:  # type: ignore[override]
         row = self.rows[index]
-        text = self.prompt_text(_lookup(row, self.prompt_key, index))
+        source_prompt = _lookup(row, self.prompt_key, index)
+        text = self.prompt_text(source_prompt)
         # A chat template writes the special tokens it needs itself.
         ids = self.tokenizer(text, add_special_tokens=not self.apply_chat_template)["input_ids"]
         skipped = {self.prompt_key.split(".")[0], self.answer_key.split(".")[0], self.image_key}
         metadata = {k: v for k, v in row.items() if k not in skipped}
         answer = _lookup(row, self.answer_key, index)
         images = image_bytes(_lookup(row, self.image_key, index)) if self.image_key else ()
-        return PromptRecord(text, list(ids), str(answer), metadata, images)
+        return PromptRecord(text, list(ids), str(answer), metadata, images, source_prompt)
 
     def prompt_text(self, prompt: str | Sequence[Mapping[str, str]]) -> str:
         if not self.apply_chat_template:
@@ -130,6 +137,11 @@ def _rows(data_cfg: DataConfig, split: str, split_seed: int) -> Sequence[Mapping
     if data_cfg.kind == "synthetic_addition":
         task = AdditionTask(data_cfg.digits, data_cfg.eval_size, split_seed)
         return task.train if split == "train" else task.eval
+    if data_cfg.kind == "guess_number":
+        low, high = data_cfg.guess_range
+        if split == "train":
+            return GuessNumberTask(GUESS_TRAIN_GAMES, low, high, split_seed)
+        return GuessNumberTask(data_cfg.eval_size, low, high, split_seed + 1)
     path = data_cfg.path if split == "train" else data_cfg.eval_path
     field_name = "data.path" if split == "train" else "data.eval_path"
     if path is None:

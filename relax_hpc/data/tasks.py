@@ -154,3 +154,23 @@ class AdditionTask:
     def is_eval_pair(self, pair_index: int) -> bool:
         position = bisect.bisect_left(self._eval_sorted, pair_index)
         return position < len(self._eval_sorted) and self._eval_sorted[position] == pair_index
+
+
+class GuessNumberTask(Sequence[dict[str, Any]]):
+    """``size`` games of the ``guess_number`` environment with secrets in ``[low, high]``:
+    rows ``{"prompt", "answer", "secret"}``, row ``i`` a pure function of
+    ``(low, high, split_seed, i)``."""
+
+    def __init__(self, size: int, low: int = 1, high: int = 20, split_seed: int = 0) -> None:
+        self.size, self.low, self.high, self.split_seed = size, low, high, split_seed
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __getitem__(self, index: int) -> dict[str, Any]:  # type: ignore[override]
+        if not 0 <= index < self.size:
+            raise IndexError(index)
+        secret = random.Random(f"guess_number:{self.split_seed}:{index}").randint(
+            self.low, self.high
+        )
+        return {"prompt": f"guess {self.low}-{self.high}:", "answer": str(secret), "secret": secret}

@@ -74,7 +74,20 @@ class ProgressReporter:
         bar = "#" * filled + "." * (width - filled)
         return (
             f"[{bar}] step {step}/{self.total_steps} | reward {metrics.get('reward/mean', 0.0):.3f}"
-            f"{accuracy} | {rate:.2f} steps/s | ETA {eta}"
+            f"{accuracy}{self.episodes()} | {rate:.2f} steps/s | ETA {eta}"
+        )
+
+    def episodes(self) -> str:
+        """Multi-turn runs: rollout worker 0's last batch of episodes (docs/agents.md)."""
+        rollout = read_json(self.paths.rollout_status(0), default={}).get("metrics", {})
+        if "agent/turns_mean" not in rollout:
+            return ""
+        return (
+            f" | turns {rollout['agent/turns_mean']:.1f}, tools "
+            f"{rollout['agent/tool_calls_mean']:.2f}/ep (failed {rollout['agent/tool_error_rate']:.0%},"
+            f" timeouts {rollout['agent/tool_timeouts']:.0f}), len "
+            f"{rollout['agent/response_tokens_mean']:.0f} (obs "
+            f"{rollout['agent/observation_token_share']:.0%})"
         )
 
     def tick(self) -> None:

@@ -23,7 +23,7 @@ from transformers.tokenization_utils_base import PreTrainedTokenizerBase
 from relax_hpc.config.errors import ConfigError
 from relax_hpc.config.schema import ModelConfig
 from relax_hpc.models.hf_folder import load_model_config, load_tokenizer
-from relax_hpc.models.tokenizer import build_char_tokenizer
+from relax_hpc.models.tokenizer import CHAR_TOKENIZERS, build_char_tokenizer
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -38,9 +38,10 @@ def resolve_dtype(name: str, device: torch.device | str = "cpu") -> torch.dtype:
 
 
 def build_tokenizer(model_cfg: ModelConfig) -> PreTrainedTokenizerBase:
-    """``model.tokenizer``: ``char`` (built in), ``auto`` (from ``model.path``) or a folder."""
-    if model_cfg.tokenizer == "char":
-        return build_char_tokenizer()
+    """``model.tokenizer``: ``char`` / ``char_tools`` (built in), ``auto`` (from
+    ``model.path``) or a folder."""
+    if model_cfg.tokenizer in CHAR_TOKENIZERS:
+        return build_char_tokenizer(tool_tags=CHAR_TOKENIZERS[model_cfg.tokenizer])
     folder = model_cfg.path if model_cfg.tokenizer == "auto" else model_cfg.tokenizer
     if folder is None:
         raise ConfigError(

@@ -1,6 +1,9 @@
-"""The built-in offline character tokenizer (``model.tokenizer: char``).
+"""The built-in offline character tokenizers (``model.tokenizer: char`` or ``char_tools``).
 
 One token per printable ASCII character (plus newline and tab), and four special tokens.
+``char_tools`` adds the tool-call tags of Qwen3's chat format (``TOOL_TAGS``) as four
+single, non-special tokens (ids 101..104), as they are in Qwen3's own vocabulary: a tool
+call then costs the model one token per tag instead of 11-16, and decoding keeps them.
 It is a real ``transformers.PreTrainedTokenizerFast`` over a ``tokenizers`` WordLevel model,
 so ``save_pretrained`` writes a folder that ``AutoTokenizer.from_pretrained`` loads back
 (an HF export of a tiny model is a normal HF folder). Encoding prepends ``<bos>``; decoding
@@ -14,7 +17,15 @@ from __future__ import annotations
 import string
 from collections.abc import Sequence
 
-from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors
+from tokenizers import (
+    AddedToken,
+    Regex,
+    Tokenizer,
+    decoders,
+    models,
+    pre_tokenizers,
+    processors,
+)
 from transformers import PreTrainedTokenizerFast
 
 PAD_TOKEN = "<pad>"
@@ -22,6 +33,9 @@ BOS_TOKEN = "<bos>"
 EOS_TOKEN = "<eos>"
 UNK_TOKEN = "<unk>"
 SPECIAL_TOKENS = (PAD_TOKEN, BOS_TOKEN, EOS_TOKEN, UNK_TOKEN)  # ids 0..3, in this order
+TOOL_TAGS = ("<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>")
+# model.tokenizer name -> whether the tool tags are single tokens
+CHAR_TOKENIZERS = {"char": False, "char_tools": True}
 # Printable ASCII without the vertical whitespace that string.printable also carries.
 ALPHABET = "".join(c for c in string.printable if c not in "\r\x0b\x0c")
 
@@ -56,8 +70,11 @@ def char_vocab() -> dict[str, int]:
     return {token: index for index, token in enumerate(tokens)}
 
 
-def build_char_tokenizer(model_max_length: int = 2048) -> PreTrainedTokenizerFast:
-    """The character tokenizer; identical on every machine, no files needed."""
+def build_char_tokenizer(
+    model_max_length: int = 2048, tool_tags: bool = False
+) -> PreTrainedTokenizerFast:
+    """The character tokenizer (with ``tool_tags``: ``char_tools``); identical on every
+    machine, no files needed."""
     vocab = char_vocab()
     post_processor = processors.TemplateProcessing(
         single=f"{BOS_TOKEN} $A",
@@ -65,6 +82,9 @@ def build_char_tokenizer(model_max_length: int = 2048) -> PreTrainedTokenizerFas
         special_tokens=[(BOS_TOKEN, vocab[BOS_TOKEN])],
     )
     backend = char_level_backend(vocab, SPECIAL_TOKENS, UNK_TOKEN, post_processor)
+    if tool_tags:
+        # Matched before the per-character split; not special, so decoding keeps them.
+        backend.add_tokens([AddedToken(tag, special=False, normalized=False) for tag in TOOL_TAGS])
     tokenizer = PreTrainedTokenizerFast(
         tokenizer_object=backend,
         pad_token=PAD_TOKEN,

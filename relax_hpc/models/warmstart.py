@@ -27,7 +27,7 @@ import random
 import shutil
 import tempfile
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -193,10 +193,15 @@ class SupervisedRecipe(Protocol):
     grad_clip: float
 
 
+# One forward's inputs, or several (inputs, weight) parts whose weighted losses are summed:
+# rows of very different lengths in separate forwards instead of padded to the longest.
+SupervisedBatch = Mapping[str, torch.Tensor] | Sequence[tuple[Mapping[str, torch.Tensor], float]]
+
+
 def fit_supervised(
     model: PreTrainedModel,
     cfg: SupervisedRecipe,
-    next_batch: Callable[[], Mapping[str, torch.Tensor]],
+    next_batch: Callable[[], SupervisedBatch],
     log_every_steps: int = 100,
 ) -> float:
     """``cfg.steps`` AdamW steps on ``model(**next_batch()).loss`` with ``cfg``'s lr, warm-up,
@@ -206,7 +211,9 @@ def fit_supervised(
     model.train()
     loss = torch.tensor(float("nan"))
     for step in range(cfg.steps):
-        loss = model(**next_batch()).loss
+        batch = next_batch()
+        parts = [(batch, 1.0)] if isinstance(batch, Mapping) else batch
+        loss = sum(weight * model(**inputs).loss for inputs, weight in parts)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
@@ -232,16 +239,22 @@ def supervised_batch(
     """Right-padded ``prompt + answer + EOS`` ids, and labels that are -100 except answer + EOS."""
     prompt_rows = tokenizer(prompts)["input_ids"]
     answer_rows = tokenizer(answers, add_special_tokens=False)["input_ids"]
-    sequences, label_rows = [], []
+    rows = []
     for prompt_ids, answer_ids in zip(prompt_rows, answer_rows, strict=True):
         answer_ids = [*answer_ids, tokenizer.eos_token_id]
-        sequences.append(prompt_ids + answer_ids)
-        label_rows.append([-100] * len(prompt_ids) + answer_ids)
-    length = max(len(s) for s in sequences)
-    input_ids = torch.full((len(sequences), length), tokenizer.pad_token_id, dtype=torch.long)
-    labels = torch.full((len(sequences), length), -100, dtype=torch.long)
-    for row, (sequence, label_row) in enumerate(zip(sequences, label_rows, strict=True)):
-        input_ids[row, : len(sequence)] = torch.tensor(sequence)
+        rows.append((prompt_ids + answer_ids, [-100] * len(prompt_ids) + answer_ids))
+    return pad_rows(rows, tokenizer.pad_token_id)
+
+
+def pad_rows(
+    rows: Sequence[tuple[list[int], list[int]]], pad_token_id: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(ids, labels)`` rows right-padded into tensors (labels padded with -100)."""
+    length = max(len(ids) for ids, _ in rows)
+    input_ids = torch.full((len(rows), length), pad_token_id, dtype=torch.long)
+    labels = torch.full((len(rows), length), -100, dtype=torch.long)
+    for row, (ids, label_row) in enumerate(rows):
+        input_ids[row, : len(ids)] = torch.tensor(ids)
         labels[row, : len(label_row)] = torch.tensor(label_row)
     return input_ids, labels
 

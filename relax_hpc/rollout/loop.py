@@ -8,7 +8,8 @@ prompts: groups ``g`` with ``g % W == w`` among ``[k * P, (k + 1) * P)`` for bat
 generated with any policy version ``>= k - max_staleness`` (0 in sync/hybrid mode: exactly
 on-policy). Group ``g`` draws prompt ``g`` of the seeded, epoch-shuffled prompt stream and
 its samples are ``g/<j>``: a rerun after a crash regenerates identical samples, and the
-spool never delivers a sample id twice.
+spool never delivers a sample id twice. With an environment (``rollout.environment``),
+each sample is a multi-turn episode instead of one completion (``rollout.episodes``).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from relax_hpc.data.sampler import PromptSampler
 from relax_hpc.observe.metrics import MetricsLogger, PhaseTimer
 from relax_hpc.paths import atomic_write_json, read_json
 from relax_hpc.rollout.engines.base import Completion, Engine, GenerationRequest, SamplingParams
+from relax_hpc.rollout.episodes import EpisodeRollout
 from relax_hpc.spool import Sample, ShardWriter
 
 log = logging.getLogger(__name__)
@@ -57,6 +59,7 @@ class RolloutWorker:
         should_stop: Callable[[], bool] = lambda: False,
         # per-part reward figures and reward services' totals (rewards/compose.py)
         reward_metrics: Callable[[], Mapping[str, float]] = dict,
+        episodes: EpisodeRollout | None = None,  # the multi-turn path; None: single-turn
     ) -> None:
         self.s = settings
         self.engine = engine
@@ -70,6 +73,7 @@ class RolloutWorker:
         self.evaluator = evaluator
         self.should_stop = should_stop
         self.reward_metrics = reward_metrics
+        self.episodes = episodes
         self.timer = PhaseTimer()
         self.batch_index = self._load_progress()
         self.last_eval_version = -1
@@ -106,6 +110,8 @@ class RolloutWorker:
 
     def generate(self) -> list[list[Sample]]:
         prompts = [(g, self._prompt(g)) for g in self.group_ids()]
+        if self.episodes is not None:
+            return self.episodes.generate(prompts, self.s.n_samples_per_prompt, self.params)
         requests = [
             GenerationRequest(f"{g}/{j}", record.prompt_ids)
             for g, (_, record) in prompts
@@ -144,6 +150,7 @@ class RolloutWorker:
                 "throughput/samples_per_s": len(samples) / seconds if seconds else 0.0,
                 "throughput/tokens_per_s": float(lengths.sum()) / seconds if seconds else 0.0,
                 **self.reward_metrics(),
+                **(self.episodes.metrics() if self.episodes is not None else {}),
             }
         )
         self.metrics.log(

@@ -21,6 +21,7 @@ from relax_hpc.paths import RunPaths, atomic_write_json
 from relax_hpc.rollout.engines.base import Engine, GenerationRequest, SamplingParams
 from relax_hpc.rollout.engines.sglang_engine import SGLangEngine
 from relax_hpc.rollout.engines.transformers_engine import TransformersEngine
+from relax_hpc.rollout.episodes import EpisodeRollout, build_episode_rollout
 from relax_hpc.rollout.loop import RolloutSettings, RolloutWorker
 from relax_hpc.rollout.rewards.compose import CompositeScorer
 from relax_hpc.rollout.rewards.scorer import ScoreItem
@@ -220,14 +221,39 @@ def make_scorer(
     return SampleScorer(build_scorer(reward or cfg.rollout.reward, rewards, cfg.judge, context))
 
 
+def make_scorers(
+    cfg: RunConfig, paths: RunPaths, device: torch.device
+) -> tuple[SampleScorer, SampleScorer]:
+    """The training scorer and the held-out eval's (the same one unless
+    ``rewards.eval_reward`` names another reward)."""
+    score = make_scorer(cfg, paths, device)
+    eval_reward = cfg.rewards.eval_reward
+    own_eval = eval_reward not in (None, cfg.rollout.reward)
+    return score, make_scorer(cfg, paths, device, eval_reward) if own_eval else score
+
+
 def close_scorers(*scorers: SampleScorer) -> None:
     for scorer in {id(s): s for s in scorers}.values():
         scorer.close()
 
 
+def close_rollout_parts(episodes: EpisodeRollout | None, *scorers: SampleScorer | None) -> None:
+    """Stop the tool workers and the reward services (whichever this run has)."""
+    if episodes is not None:
+        episodes.close()
+    close_scorers(*(s for s in scorers if s is not None))
+
+
 def make_evaluator(
-    cfg: RunConfig, engine, tokenizer, score, metrics: MetricsLogger, paths: RunPaths
+    cfg: RunConfig,
+    engine,
+    tokenizer,
+    score,
+    metrics: MetricsLogger,
+    paths: RunPaths,
+    episodes: EpisodeRollout | None = None,
 ):
+    """Greedy held-out eval: single completions scored by ``score``, or whole episodes."""
     records = build_dataset(cfg.data, tokenizer, split="eval")
     records = [records[i] for i in range(min(len(records), cfg.data.eval_size))]
     params = SamplingParams(
@@ -235,20 +261,27 @@ def make_evaluator(
     )
     history: list[dict] = []
 
-    def evaluate(policy_version: int) -> dict[str, float]:
+    def measure() -> dict[str, float]:
+        if episodes is not None:
+            return episodes.evaluate(records, params)
         requests = [GenerationRequest(f"eval/{i}", r.prompt_ids) for i, r in enumerate(records)]
         completions = engine.generate(requests, params)
         scores = score(list(zip(completions, records, strict=True)))
-        accuracy = sum(value > 0.5 for value, _ in scores) / max(len(records), 1)
+        return {"eval/accuracy": sum(value > 0.5 for value, _ in scores) / max(len(records), 1)}
+
+    def evaluate(policy_version: int) -> dict[str, float]:
+        results = measure()
+        accuracy = results["eval/accuracy"]
         history.append(
             {"policy_version": policy_version, "accuracy": accuracy, "time": time.time()}
         )
         if metrics.writer is not None:
-            metrics.writer.add_scalar("eval/accuracy", accuracy, global_step=policy_version)
+            for name, value in results.items():
+                metrics.writer.add_scalar(name, value, global_step=policy_version)
             metrics.writer.flush()
         atomic_write_json(paths.eval_history, {"history": history})
         log.info("eval: policy_version %d held-out greedy accuracy %.3f", policy_version, accuracy)
-        return {"eval/accuracy": accuracy}
+        return results
 
     return evaluate
 
@@ -266,13 +299,12 @@ def run_rollout(cfg: RunConfig, paths: RunPaths, identity: TaskIdentity) -> int:
     load, loaded_version = engine_loader(engine, paths)
     receiver = build_receiver(cfg, paths, identity, engine, loaded_version)
     weights = EngineWeights(receiver, engine, load)
-    # Built before joining: a judge's warm start overlaps the trainer's start-up.
-    score = make_scorer(cfg, paths, device)
-    eval_reward = cfg.rewards.eval_reward
-    own_eval = eval_reward not in (None, cfg.rollout.reward)
-    eval_score = make_scorer(cfg, paths, device, eval_reward) if own_eval else score
+    # Built before joining: a judge's warm start overlaps the trainer's start-up. With an
+    # environment, it rewards the episodes and no scorer is built.
+    episodes = build_episode_rollout(cfg, engine, tokenizer)
+    score, eval_score = make_scorers(cfg, paths, device) if episodes is None else (None, None)
     if not weights.join(should_stop):
-        close_scorers(score, eval_score)
+        close_rollout_parts(episodes, score, eval_score)
         return 0
     leader = identity.rank == 0
     metrics = MetricsLogger(
@@ -304,15 +336,16 @@ def run_rollout(cfg: RunConfig, paths: RunPaths, identity: TaskIdentity) -> int:
         params=SamplingParams.from_config(cfg.rollout, cfg.seed),
         metrics=metrics,
         progress_path=paths.rollout_progress(identity.rank),
-        evaluator=make_evaluator(cfg, engine, tokenizer, eval_score, metrics, paths)
+        evaluator=make_evaluator(cfg, engine, tokenizer, eval_score, metrics, paths, episodes)
         if leader and cfg.rollout.eval_interval_steps > 0
         else None,
         should_stop=should_stop,
-        reward_metrics=score.metrics,
+        reward_metrics=score.metrics if score is not None else dict,
+        episodes=episodes,
     )
     try:
         return worker.run()
     finally:
         metrics.close()
         receiver.close()
-        close_scorers(score, eval_score)
+        close_rollout_parts(episodes, score, eval_score)

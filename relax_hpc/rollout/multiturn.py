@@ -36,7 +36,7 @@ from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, replace
 from typing import Any
 
-from relax_hpc.rollout.chat_format import ChatFormat
+from relax_hpc.models.chat_format import ChatFormat
 from relax_hpc.rollout.engines.base import Completion, Engine, GenerationRequest, SamplingParams
 from relax_hpc.rollout.envs.base import Action, EnvRuntime, StepResult, episode_seed
 from relax_hpc.rollout.trajectory import Trajectory
@@ -219,9 +219,13 @@ class EpisodeRunner:
         elif trajectory.num_turns >= self.budget.max_turns:
             self._end(episode, "max_turns")
         else:
-            observation = self.chat.observation_ids(
-                outcome.observation.messages, episode.end_of_turn_text
-            )
+            try:
+                observation = self.chat.observation_ids(
+                    outcome.observation.messages, episode.end_of_turn_text
+                )
+            except Exception as error:  # a message the template cannot render
+                self._fail(episode, "observation", error)
+                return
             # An observation that leaves no room for a model token ends the episode.
             if len(trajectory.response_ids) + len(observation) >= self.budget.max_response_tokens:
                 self._end(episode, "max_tokens")

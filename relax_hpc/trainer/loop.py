@@ -231,6 +231,8 @@ class Trainer:
             "reward/accuracy": float((rewards > 0.5).float().mean()),
             "response/length_mean": float(response_len.mean()),
             "response/length_max": float(response_len.max()),
+            # The model's own tokens: multi-turn responses also hold observation tokens.
+            "response/model_tokens_mean": float(batch.response_mask_BT.sum(-1).mean()),
             "staleness/mean": float(staleness.mean()),
             "staleness/max": float(staleness.max()),
             "progress/samples": float(self.progress.samples),

@@ -26,12 +26,14 @@ def cache_dir() -> Path:
 
 
 def initial_model_config(cfg: RunConfig) -> ModelConfig:
-    """The policy's starting point: the configured model, or its cached warm start."""
+    """The policy's starting point: the configured model, or its cached warm start (the
+    recipe of the run's environment and task: ``models.agent_warmstart``)."""
     if not cfg.model.warm_start:
         return cfg.model
-    from relax_hpc.models.warmstart import warm_start, warm_started_model_config
+    from relax_hpc.models.agent_warmstart import policy_warm_start
+    from relax_hpc.models.warmstart import warm_started_model_config
 
-    folder = warm_start(cfg.model, cfg.data, cache_dir())
+    folder = policy_warm_start(cfg.model, cfg.data, cfg.rollout.environment, cache_dir())
     return warm_started_model_config(cfg.model, folder)
 
 

@@ -86,6 +86,31 @@ BAD_CONFIGS = [
         id="sglang-transport-on-shared-gpus",
     ),
     pytest.param(TINY + ["weightsync.backend=nccl"], "weightsync.backend", id="nccl-buckets"),
+    pytest.param(
+        TINY + ["+rollout.environment_options.tool_enabled=false"],
+        "rollout.environment_options",
+        id="environment-options-without-environment",
+    ),
+    pytest.param(
+        TINY + ["rollout.environment=calculator", "rollout.max_turns=0"],
+        "rollout.max_turns",
+        id="no-turns",
+    ),
+    pytest.param(
+        TINY + ["rollout.environment=calculator", "rollout.tools.timeout_s=0"],
+        "rollout.tools.timeout_s",
+        id="tool-timeout",
+    ),
+    pytest.param(
+        ["+experiment=grpo_tiny_judge", "dry_run=true", "rollout.environment=calculator"],
+        "judge",
+        id="judge-beside-an-environment",
+    ),
+    pytest.param(
+        TINY + ["data.kind=guess_number", "data.guess_range=[5,5]"],
+        "data.guess_range",
+        id="empty-guess-range",
+    ),
 ]
 
 

@@ -141,11 +141,16 @@ def test_a_config_written_by_an_earlier_version_still_loads(tmp_path, caplog):
     from relax_hpc.config.compose import compose_run_config
 
     text = run_config_to_yaml(compose_run_config(["+experiment=grpo_tiny"]))
-    old = text.replace("rollout:\n", "rollout:\n  max_turns: 1\n  environment: single_turn\n", 1)
+    # What early versions wrote: placeholders of a one-turn run.
+    old = text.replace("  environment: null\n", "  environment: single_turn\n", 1)
+    old = old.replace("  max_turns: 4\n", "  max_turns: 1\n", 1)
+    assert "single_turn" in old
     path = tmp_path / "config.yaml"
     path.write_text(old)
-    assert load_run_config(path).rollout.max_new_tokens > 0
-    assert "rollout.max_turns" in caplog.text
+    loaded = load_run_config(path)
+    assert loaded.rollout.max_new_tokens > 0
+    assert (loaded.rollout.environment, loaded.rollout.max_turns) == (None, 1)  # one turn
+    assert "rollout.environment: single_turn" in caplog.text
     path.write_text(text.replace("rollout:\n", "rollout:\n  max_turnz: 1\n", 1))
     with pytest.raises(ConfigError, match="max_turnz"):
         load_run_config(path)

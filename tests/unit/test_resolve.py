@@ -54,6 +54,26 @@ BAD_NAMES = {
         "rollout.reward",
         "no function 'scroe'",
     ),
+    "missing-environment-module": (
+        ["rollout.environment=lab_envs_absent:Env"],
+        "rollout.environment",
+        "cannot import 'lab_envs_absent'",
+    ),
+    "missing-environment-class": (
+        ["rollout.environment=lab_envs:Missing"],
+        "rollout.environment",
+        "no class 'Missing'",
+    ),
+    "unknown-builtin-environment": (
+        ["rollout.environment=calculater"],
+        "rollout.environment",
+        "calculator, guess_number, python_math",
+    ),
+    "environment-option-it-does-not-declare": (
+        ["rollout.environment=calculator", "+rollout.environment_options.tool=false"],
+        "rollout.environment_options",
+        "its options are ['tool_enabled']",
+    ),
     "misspelled-data-key-in-the-config": (["data.promt_key=q"], "data.promt_key", "spelling"),
     "data-key-absent-from-the-file": (
         [*FILES, "data.answer_key=solution"],
@@ -92,6 +112,7 @@ def test_a_name_that_resolves_to_nothing_exits_2_before_anything_is_created(
     (tmp_path / "lab_rewards.py").write_text(
         "def score(completion, answer, metadata):\n    return 1\n"
     )
+    (tmp_path / "lab_envs.py").write_text("class Present:\n    pass\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     overrides, field, fix = BAD_NAMES[case]
     run_dir = tmp_path / "run"
@@ -111,6 +132,45 @@ def test_a_user_reward_is_imported_at_submission(tmp_path, monkeypatch):
     cfg = compose_run_config(["+experiment=grpo_tiny", "rollout.reward=lab_rewards_ok:score"])
     resolve_names(cfg)
     assert "lab_rewards_ok" in sys.modules
+
+
+def test_a_user_environment_is_imported_and_checked_at_submission(tmp_path, monkeypatch):
+    (tmp_path / "lab_env_ok.py").write_text(
+        "from dataclasses import dataclass\n"
+        "from relax_hpc.rollout.envs import Environment, StepResult\n"
+        "class Echo(Environment):\n"
+        "    @dataclass(frozen=True)\n"
+        "    class Options:\n"
+        "        turns: int = 2\n"
+        "        def __post_init__(self):\n"
+        "            if self.turns < 1:\n"
+        "                raise ValueError(f'turns must be >= 1, got {self.turns}')\n"
+        "    def reset(self, row, seed):\n        return None\n"
+        "    def step(self, action):\n        return StepResult(done=True)\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    base = ["+experiment=grpo_tiny", "rollout.environment=lab_env_ok:Echo"]
+    resolve_names(compose_run_config([*base, "+rollout.environment_options.turns=3"]), True)
+    assert "lab_env_ok" in sys.modules
+    with pytest.raises(ConfigError) as err:  # a value its Options refuses
+        resolve_names(compose_run_config([*base, "+rollout.environment_options.turns=0"]))
+    assert err.value.field == "rollout.environment_options"
+    assert "Echo: turns must be >= 1, got 0" in str(err.value)
+
+
+def test_python_math_checks_that_programs_can_run_without_network(monkeypatch):
+    from relax_hpc.resolve import resolve_environment_name
+    from relax_hpc.rollout.tools import python_exec
+
+    base = ["+experiment=grpo_tiny", "rollout.environment=python_math"]
+    monkeypatch.setattr(python_exec, "probe_network_isolation", lambda: "no namespaces here")
+    resolve_environment_name(compose_run_config(base), check_paths=False)  # rendering only
+    with pytest.raises(ConfigError) as err:
+        resolve_environment_name(compose_run_config(base), check_paths=True)
+    assert err.value.field == "rollout.environment_options"
+    assert "no namespaces here" in str(err.value) and "network=allow" in str(err.value)
+    allowed = compose_run_config([*base, "+rollout.environment_options.network=allow"])
+    resolve_environment_name(allowed, check_paths=True)  # no probe needed
 
 
 def test_a_backend_whose_library_the_interpreter_lacks_is_refused(monkeypatch):

@@ -7,8 +7,8 @@ out of turns (the driver's ``max_turns``) ends it with 0. The secret is the row'
 ``secret`` (every sample of a group plays the same game, as a group baseline needs); a row
 without one draws it from the episode seed.
 
-``GuessNumberTask`` is the matching synthetic dataset: row ``i`` plays for a secret drawn
-from ``(split_seed, i)``, with the prompt ``"guess 1-20:"``.
+``data.tasks.GuessNumberTask`` is the matching dataset (``data.kind: guess_number``): row
+``i`` plays for a secret drawn from ``(split_seed, i)``, with the prompt ``"guess 1-20:"``.
 
 Must not: import torch or the engines.
 """
@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import random
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -60,21 +60,3 @@ class GuessNumberEnv(Environment):
 
 def _reply(text: str) -> Observation:
     return Observation(({"role": "user", "content": text},))
-
-
-class GuessNumberTask(Sequence[dict[str, Any]]):
-    """``size`` games with secrets in ``[low, high]``: rows ``{"prompt", "answer", "secret"}``."""
-
-    def __init__(self, size: int, low: int = 1, high: int = 20, split_seed: int = 0) -> None:
-        self.size, self.low, self.high, self.split_seed = size, low, high, split_seed
-
-    def __len__(self) -> int:
-        return self.size
-
-    def __getitem__(self, index: int) -> dict[str, Any]:  # type: ignore[override]
-        if not 0 <= index < self.size:
-            raise IndexError(index)
-        secret = random.Random(f"guess_number:{self.split_seed}:{index}").randint(
-            self.low, self.high
-        )
-        return {"prompt": f"guess {self.low}-{self.high}:", "answer": str(secret), "secret": secret}

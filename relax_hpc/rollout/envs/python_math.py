@@ -39,6 +39,11 @@ class PythonMathEnv(ToolEnvironment):
             if self.timeout_s <= 0 or self.max_output_bytes < 1 or self.memory_mb < 64:
                 raise ValueError("timeout_s, max_output_bytes must be positive, memory_mb >= 64")
 
+    @classmethod
+    def needs_network_isolation(cls, options: Mapping[str, Any]) -> bool:
+        """Whether a run with ``options`` must check for network namespaces at submit."""
+        return cls.parse_options(options).network == "isolated"
+
     def tool_specs(self) -> Sequence[ToolSpec]:
         options = self.options
         return (

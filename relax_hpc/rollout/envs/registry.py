@@ -62,10 +62,11 @@ def _import_class(path: str, spec: str) -> type:
         )
     try:
         module = importlib.import_module(module_name)
-    except ImportError as error:
+    except Exception as error:  # ImportError, or the module itself failing as it loads
         raise ValueError(
-            f"{FIELD}: cannot import {module_name!r} ({error}); make it importable on the "
-            "rollout nodes (e.g. PYTHONPATH in cluster.setup)"
+            f"{FIELD}: cannot import {module_name!r} for {spec!r} ({type(error).__name__}: "
+            f"{error}); make it importable on the rollout nodes (e.g. PYTHONPATH in "
+            "cluster.setup) or fix the name"
         ) from None
     cls = getattr(module, class_name, None)
     if not isinstance(cls, type):

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from relax_hpc.data.tasks import GuessNumberTask
+from relax_hpc.models.chat_format import ChatFormat
 from relax_hpc.models.tokenizer import build_char_tokenizer
-from relax_hpc.rollout.chat_format import ChatFormat
 from relax_hpc.rollout.envs import (
     BUILTIN_ENVIRONMENTS,
     Action,
@@ -15,7 +16,7 @@ from relax_hpc.rollout.envs import (
     resolve_environment,
 )
 from relax_hpc.rollout.envs.calculator import CalculatorEnv, calculate
-from relax_hpc.rollout.envs.guess_number import GuessNumberEnv, GuessNumberTask
+from relax_hpc.rollout.envs.guess_number import GuessNumberEnv
 from relax_hpc.rollout.envs.python_math import PythonMathEnv
 from relax_hpc.rollout.tools.sandbox import ToolSandbox
 

@@ -14,13 +14,14 @@ from test_agent_envs import chatml_tokenizer
 from test_rollout_transformers_engine import ARCH
 
 from relax_hpc.config.schema import ModelConfig
+from relax_hpc.data.tasks import GuessNumberTask
 from relax_hpc.models.build import build_causal_lm
+from relax_hpc.models.chat_format import ChatFormat
 from relax_hpc.models.tokenizer import build_char_tokenizer
-from relax_hpc.rollout.chat_format import ChatFormat
 from relax_hpc.rollout.engines.base import SamplingParams
 from relax_hpc.rollout.engines.transformers_engine import TransformersEngine
 from relax_hpc.rollout.envs import EnvRuntime
-from relax_hpc.rollout.envs.guess_number import GuessNumberEnv, GuessNumberTask
+from relax_hpc.rollout.envs.guess_number import GuessNumberEnv
 from relax_hpc.rollout.multiturn import EpisodeBudget, EpisodeRequest, EpisodeRunner
 from relax_hpc.rollout.tools.sandbox import ToolSandbox
 from relax_hpc.rollout.trajectory import episode_metrics, to_sample

@@ -16,6 +16,12 @@ tokenizer's chat template and tokenized on its own:
    templates that rewrite earlier turns (Qwen3 drops old ``<think>`` blocks) from changing
    tokens the model already produced.
 
+Used by the rollout's episode driver (``rollout.multiturn``) and by the warm starts that
+write multi-turn demonstrations (``models.agent_warmstart``): both put the same tokens
+between two turns. Observation content is text; a message with structured content (an
+image part) is refused with a ``ValueError`` until media observations go through the
+omni-modal path (docs/agents.md).
+
 Must not: import torch or the engines; the tokenizer is the only collaborator.
 """
 
@@ -73,6 +79,12 @@ class ChatFormat:
 
     def observation_text(self, messages: Sequence[Message], end_of_turn_text: str | None) -> str:
         """The text after a model turn; ``end_of_turn_text``: the end token it ended with."""
+        for message in messages:
+            if not isinstance(message.get("content", ""), str):
+                raise ValueError(
+                    f"an observation's {message.get('role')!r} message has non-text content; "
+                    "observations carry text only (media observations are not supported yet)"
+                )
         closing = self.turn_closing
         if end_of_turn_text and closing.startswith(end_of_turn_text):
             closing = closing[len(end_of_turn_text) :]

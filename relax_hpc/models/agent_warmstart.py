@@ -1,0 +1,276 @@
+"""Warm starts of the agent recipes: sloppy demonstrations of whole multi-turn episodes.
+
+Like grpo_tiny's (``models.warmstart``), each gives RL a weak but not hopeless base, and is
+cached under ``cache_dir/<prefix>-<key>`` (trained once, published atomically). A
+demonstration is an episode written the way the rollout writes it: the prompt, the model's
+turns (the loss is on these), and between them the observations rendered by the chat
+template exactly as the episode driver renders them (``models.chat_format``; no loss).
+
+- ``calculator_warm_start`` (grpo_tiny_calculator): grpo_tiny's cached sloppy warm start,
+  its vocabulary grown by the four tool-call tags (``model.tokenizer: char_tools``), then
+  trained on a mix: ``tool_share`` of the demonstrations call the calculator
+  (``<tool_call>{"name":"calc","arguments":{"expr":"37+48"}}</tool_call>``), read its
+  answer (``85``) and answer right, least-significant digit first (``58``); the others
+  answer like the sloppy teacher. The result calls the tool in about half of its episodes
+  and copies well when it does: GRPO then finds that calling pays.
+- ``guess_warm_start`` (grpo_tiny_guess): a model trained from scratch on games played by
+  a sloppy guesser that follows the higher/lower replies only sometimes.
+
+``policy_warm_start`` picks the recipe of a run (``model.warm_start: true``) from its
+environment and task; the trainer builds the policy from the folder it returns.
+
+Must not: know about RL, the run directory layout, or the engines.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import random
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM, PreTrainedModel
+from transformers.tokenization_utils_base import PreTrainedTokenizerBase
+
+from relax_hpc.config.schema import DataConfig, ModelConfig
+from relax_hpc.data.tasks import AdditionTask, addition_prompt, lsd_first, sloppy_answer
+from relax_hpc.models.build import build_causal_lm, build_tokenizer
+from relax_hpc.models.chat_format import ChatFormat
+from relax_hpc.models.warmstart import (
+    SupervisedBatch,
+    cached_training,
+    fit_supervised,
+    pad_rows,
+    sample_operands,
+    warm_start,
+)
+
+AGENT_WARMSTART_VERSION = 1  # bump when a recipe below changes
+CALCULATOR_ENVIRONMENT = "calculator"
+# The calculator environment's tool, as rollout/envs/calculator.py declares it.
+CALC_NAME, CALC_ARGUMENT = "calc", "expr"
+
+Row = tuple[list[int], list[int]]  # (input ids, labels: -100 where there is no loss)
+
+
+@dataclass(frozen=True)
+class ToolWarmStartConfig:
+    """The calculator recipe (fields shared with ``WarmStartConfig`` mean the same).
+
+    Measured on 2 shared cores (docs/agents.md): 400 steps of 64 reach a tool-path loss of
+    ~0.03; greedy, the model then calls in ~70% of held-out episodes and ~84% of those are
+    right (~0.65 accuracy overall, 0.32 before). 200 steps left the copies unreliable.
+    """
+
+    steps: int = 400
+    batch_size: int = 64
+    lr: float = 1e-2
+    warmup_steps: int = 10
+    decay_fraction: float = 0.3
+    min_lr_ratio: float = 0.05
+    weight_decay: float = 0.0
+    grad_clip: float = 1.0
+    tool_share: float = 0.5  # demonstrations that call the calculator (and then answer right)
+    forget_carry_prob: float = 0.7  # the others answer like grpo_tiny's sloppy teacher
+    seed: int = 0
+
+
+@dataclass(frozen=True)
+class GuessWarmStartConfig:
+    """The guess_number recipe: games of a guesser that picks a number consistent with the
+    replies so far with ``follow_prob``, else any number of the range."""
+
+    steps: int = 600
+    batch_size: int = 64
+    lr: float = 1e-2
+    warmup_steps: int = 30
+    decay_fraction: float = 0.3
+    min_lr_ratio: float = 0.05
+    weight_decay: float = 0.0
+    grad_clip: float = 1.0
+    follow_prob: float = 0.5
+    max_turns: int = 6  # a demonstration stops here, found or not
+    seed: int = 0
+
+
+def policy_warm_start(
+    model_cfg: ModelConfig, data_cfg: DataConfig, environment: str | None, cache_dir: Path
+) -> Path:
+    """The warm-started folder of a run's policy (``model.warm_start: true``)."""
+    if environment == CALCULATOR_ENVIRONMENT:
+        return calculator_warm_start(model_cfg, data_cfg, cache_dir)
+    if data_cfg.kind == "guess_number":
+        return guess_warm_start(model_cfg, data_cfg, cache_dir)
+    return warm_start(model_cfg, data_cfg, cache_dir)
+
+
+def calculator_warm_start(
+    model_cfg: ModelConfig,
+    data_cfg: DataConfig,
+    cache_dir: Path,
+    cfg: ToolWarmStartConfig = ToolWarmStartConfig(),
+    split_seed: int = 0,
+) -> Path:
+    """grpo_tiny's warm start, grown to ``model.tokenizer`` and taught to call ``calc``."""
+    base = warm_start(dataclasses.replace(model_cfg, tokenizer="char"), data_cfg, cache_dir)
+    tokenizer = build_tokenizer(model_cfg)
+    chat = ChatFormat(tokenizer)
+    key_fields = {
+        "version": AGENT_WARMSTART_VERSION,
+        "recipe": dataclasses.asdict(cfg),
+        "base": base.name,  # its key covers the architecture, the task and its recipe
+        **tokenizer_fields(tokenizer),
+        "split_seed": split_seed,
+    }
+
+    def train() -> tuple[PreTrainedModel, PreTrainedTokenizerBase, float]:
+        model = AutoModelForCausalLM.from_pretrained(str(base), local_files_only=True)
+        # New rows start at the mean of the old embeddings (transformers' default).
+        model.resize_token_embeddings(len(tokenizer))
+        task = AdditionTask(data_cfg.digits, data_cfg.eval_size, split_seed)
+        generator = torch.Generator().manual_seed(cfg.seed)
+        rng = random.Random(cfg.seed)
+
+        def next_batch() -> SupervisedBatch:
+            pairs = sample_operands(task, cfg.batch_size, generator)
+            calls = [rng.random() < cfg.tool_share for _ in pairs]
+            rows = [
+                calculator_demonstration(chat, a, b)
+                if call
+                else direct_demonstration(
+                    tokenizer, sloppy_answer(a, b, cfg.forget_carry_prob, rng), a, b
+                )
+                for (a, b), call in zip(pairs, calls, strict=True)
+            ]
+            return weighted_parts(rows, calls, tokenizer.pad_token_id)
+
+        return model, tokenizer, fit_supervised(model, cfg, next_batch)
+
+    return cached_training(cache_dir, "calculator-warmstart", key_fields, train)
+
+
+def tool_call_text(name: str, arguments: dict) -> str:
+    """One call in Qwen3's tool-call format (compact JSON, which the parser accepts)."""
+    return f"<tool_call>{json.dumps({'name': name, 'arguments': arguments}, separators=(',', ':'))}</tool_call>"
+
+
+def calculator_demonstration(chat: ChatFormat, a: int, b: int) -> Row:
+    """``a+b=`` -> call ``calc`` -> its answer (observation) -> the sum LSD-first + EOS."""
+    tokenizer = chat.tokenizer
+    prompt = tokenizer(addition_prompt(a, b))["input_ids"]
+    call = chat.encode(tool_call_text(CALC_NAME, {CALC_ARGUMENT: f"{a}+{b}"}))
+    # The turn ended at the stop string </tool_call>, not at an end-of-turn token.
+    observation = chat.observation_ids([{"role": "tool", "content": str(a + b)}], None)
+    answer = [*chat.encode(lsd_first(a + b)), tokenizer.eos_token_id]
+    ids = prompt + call + observation + answer
+    return ids, [-100] * len(prompt) + call + [-100] * len(observation) + answer
+
+
+def direct_demonstration(tokenizer: PreTrainedTokenizerBase, answer: str, a: int, b: int) -> Row:
+    prompt = tokenizer(addition_prompt(a, b))["input_ids"]
+    ids = [*tokenizer(answer, add_special_tokens=False)["input_ids"], tokenizer.eos_token_id]
+    return prompt + ids, [-100] * len(prompt) + ids
+
+
+def weighted_parts(rows: list[Row], kinds: list[bool], pad_token_id: int) -> SupervisedBatch:
+    """Rows of each kind padded in their own forward, weighted by their share of the label
+    tokens (the sum is the mean loss over every label token of the batch)."""
+    total = sum(sum(t != -100 for t in labels) for _, labels in rows)
+    parts = []
+    for kind in (True, False):
+        picked = [row for row, k in zip(rows, kinds, strict=True) if k == kind]
+        if picked:
+            input_ids, labels = pad_rows(picked, pad_token_id)
+            weight = float((labels != -100).sum()) / total
+            parts.append(({"input_ids": input_ids, "labels": labels}, weight))
+    return parts
+
+
+def guess_warm_start(
+    model_cfg: ModelConfig,
+    data_cfg: DataConfig,
+    cache_dir: Path,
+    cfg: GuessWarmStartConfig = GuessWarmStartConfig(),
+) -> Path:
+    """A model of ``model.arch`` trained from scratch on the sloppy guesser's games."""
+    if model_cfg.path is not None:
+        raise ValueError("the warm start builds its model from model.arch; set model.path=null")
+    tokenizer = build_tokenizer(model_cfg)
+    chat = ChatFormat(tokenizer)
+    low, high = data_cfg.guess_range
+    key_fields = {
+        "version": AGENT_WARMSTART_VERSION,
+        "recipe": dataclasses.asdict(cfg),
+        "architecture": model_cfg.architecture,
+        "arch": model_cfg.arch,
+        **tokenizer_fields(tokenizer),
+        "range": [low, high],
+        "apply_chat_template": data_cfg.apply_chat_template,
+    }
+
+    def train() -> tuple[PreTrainedModel, PreTrainedTokenizerBase, float]:
+        model = build_causal_lm(model_cfg, tokenizer, torch.float32, seed=cfg.seed)
+        rng = random.Random(cfg.seed)
+
+        def next_batch() -> SupervisedBatch:
+            rows = [
+                guess_demonstration(chat, data_cfg, rng.randint(low, high), cfg, rng)
+                for _ in range(cfg.batch_size)
+            ]
+            input_ids, labels = pad_rows(rows, tokenizer.pad_token_id)
+            return {"input_ids": input_ids, "labels": labels}
+
+        return model, tokenizer, fit_supervised(model, cfg, next_batch)
+
+    return cached_training(cache_dir, "guess-warmstart", key_fields, train)
+
+
+def guess_demonstration(
+    chat: ChatFormat,
+    data_cfg: DataConfig,
+    secret: int,
+    cfg: GuessWarmStartConfig,
+    rng: random.Random,
+) -> Row:
+    """One game of the sloppy guesser, as the episode driver lays it out."""
+    tokenizer = chat.tokenizer
+    low, high = data_cfg.guess_range
+    prompt_text = f"guess {low}-{high}:"
+    if data_cfg.apply_chat_template:
+        prompt_text = chat.render([{"role": "user", "content": prompt_text}])
+        ids = chat.encode(prompt_text)
+    else:
+        ids = tokenizer(prompt_text)["input_ids"]
+    labels = [-100] * len(ids)
+    feasible = [low, high]
+    eos_text = tokenizer.decode([tokenizer.eos_token_id], skip_special_tokens=False)
+    for turn in range(cfg.max_turns):
+        bounds = feasible if rng.random() < cfg.follow_prob else [low, high]
+        guess = rng.randint(*bounds)
+        action = [*chat.encode(str(guess)), tokenizer.eos_token_id]
+        ids, labels = ids + action, labels + action
+        if guess == secret or turn + 1 == cfg.max_turns:
+            break
+        if guess < secret:
+            feasible[0] = max(feasible[0], guess + 1)
+        else:
+            feasible[1] = min(feasible[1], guess - 1)
+        reply = "higher" if guess < secret else "lower"
+        observation = chat.observation_ids([{"role": "user", "content": reply}], eos_text)
+        ids, labels = ids + observation, labels + [-100] * len(observation)
+    return ids, labels
+
+
+def tokenizer_fields(tokenizer: PreTrainedTokenizerBase) -> dict[str, str]:
+    """The vocabulary and the chat template: a cached folder keeps the ones it was saved
+    with, so both are part of its key."""
+    vocab = tokenizer.backend_tokenizer.to_str()
+    return {
+        "tokenizer_sha256": hashlib.sha256(vocab.encode()).hexdigest(),
+        "chat_template_sha256": hashlib.sha256(
+            (tokenizer.chat_template or "").encode()
+        ).hexdigest(),
+    }
