@@ -28,7 +28,10 @@ most ``timeout_s``: ready, formation, each bucket, results; after a given-up gro
 results of members not connected for liveness are awaited ``min(timeout_s,
 FAILURE_GRACE_S)`` (connected ones, alive by definition, get ``timeout_s``). So a sync
 in which engines die returns within ``timeout_s + FAILURE_GRACE_S`` plus the cost of its
-retry round, and a healthy engine is never dropped for another's death.
+retry round; when the dead are processes that held a liveness connection (a crash, a
+kill, the OOM killer: the kernel closes their sockets), within its retry round plus a few
+``WAIT_SLICE_S``: no timeout is waited out. A healthy engine is never dropped for
+another's death. tests/dist/test_weightsync_receiver_death.py asserts both bounds.
 Dropped and refused peers are logged and written as events.
 
 Must not: import the rollout side, or call ``init_process_group``.

@@ -2,11 +2,12 @@
 
 Two healthy engines and one victim per death join one trainer; sync k kills victim k at
 its phase (ready, group formation, mid-transfer, after the transfer, inside the load
-callback). Every sync must return within ``timeout_s + FAILURE_GRACE_S`` plus one retry
-round (``RETRY_ROUND_S``), drop the victim and no one else, and bring every healthy
-engine, the victims still waiting their turn included, to the new version. With the
-default 60 s timeout this runs in about a minute only because a dead process is seen at
-once (its liveness connection closes), never by waiting out ``timeout_s``.
+callback). Every sync must drop the victim and no one else, bring every healthy engine
+(the victims still waiting their turn included) to the new version, and return within
+the sender's stated bounds: ``timeout_s + FAILURE_GRACE_S`` plus its retry round for any
+death, and, the victims being processes whose kernel closes their sockets, within
+``FAILURE_GRACE_S`` plus its retry round (``RETRY_ROUND_S``): the timeout (the default
+60 s) is never waited out.
 
 ``WEIGHTSYNC_DEATH_TIMEOUT_S`` and ``WEIGHTSYNC_DEATH_ROUNDS`` change the timeout and the
 number of deaths per phase.
@@ -87,7 +88,8 @@ def _run_deaths(
             processes.append(spawn_engine(paths.root, "late", config))
             _await_admitted(sender, ["late"])
             alive.append("late")
-        bound_s = config.timeout_s + FAILURE_GRACE_S + RETRY_ROUND_S
+        any_death_bound_s = config.timeout_s + FAILURE_GRACE_S + RETRY_ROUND_S
+        process_death_bound_s = FAILURE_GRACE_S + RETRY_ROUND_S
         seconds = []
         for victim, phase, version in deaths:
             alive.remove(victim)
@@ -95,7 +97,8 @@ def _run_deaths(
             seconds.append((phase, report.seconds))
             assert report.dropped == [victim], (phase, report)
             assert sorted(report.members) == sorted(alive), (phase, report)
-            assert report.seconds <= bound_s, (phase, report.seconds, bound_s)
+            assert report.seconds <= any_death_bound_s, (phase, report.seconds)
+            assert report.seconds <= process_death_bound_s, (phase, report.seconds)
             dying = [r for r in read_status(paths.root, victim) if r["event"] == "dying"]
             assert [r["phase"] for r in dying] == [phase], "the victim died where it should"
         last = deaths[-1][2]
@@ -120,8 +123,10 @@ def _report(seconds: list[tuple[str, float]]) -> None:
     for phase in dict.fromkeys(p for p, _ in seconds):
         times = [s for p, s in seconds if p == phase]
         print(f"death at {phase:<9}: {len(times)} syncs, sender wait max {max(times):.2f} s")
-    bound_s = TIMEOUT_S + FAILURE_GRACE_S + RETRY_ROUND_S
-    print(f"bound timeout_s + FAILURE_GRACE_S + RETRY_ROUND_S = {bound_s:.0f} s")
+    print(
+        f"bounds: any death {TIMEOUT_S + FAILURE_GRACE_S + RETRY_ROUND_S:.0f} s (timeout_s "
+        f"{TIMEOUT_S:.0f} s), a dead process {FAILURE_GRACE_S + RETRY_ROUND_S:.0f} s"
+    )
 
 
 @pytest.mark.slow
