@@ -11,8 +11,9 @@ this trainer start is judged in two steps, the second only for what passed the f
    whose process is gone (``liveness``) is dropped and the newcomer takes its place.
 
 Refusing changes nothing else: registrations are files keyed by the whole member id,
-refusals are remembered per member id, and an admitted member leaves only when it removes
-its own file, a round drops it, or a proven newcomer replaces it after its death. Every
+refusals are remembered per member id, and an admitted member leaves only when its file
+is gone and its liveness connection closed (it deregistered and closed, or died), a round
+drops it, or a proven newcomer replaces it after its death. Every
 refusal and drop is logged and written as an event. Must not: run rounds or form groups.
 """
 
@@ -69,6 +70,8 @@ class Admission:
             if reg.trainer_instance == self._instance
         }
         for member in [m for m in self.admitted if m not in current]:
+            if self.is_connected(member):  # alive: someone else removed its file
+                continue
             log.info("weightsync: engine %s left (deregistered)", member)
             del self.admitted[member]
         admitted, refused = [], []
