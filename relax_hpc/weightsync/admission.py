@@ -93,17 +93,7 @@ class Admission:
         self._dropped.add(member)
         notice = {"member": member, "reason": reason}
         self._store.set(f"dropped/{member}", rendezvous.sign_message(self._token, notice))
-        log.error("weightsync: DROPPED engine %s (host %s, pid %d): %s",
-                  member, reg.host, reg.pid, reason)  # fmt: skip
-        emit_event(
-            self.paths,
-            "weightsync_peer_dropped",
-            engine_id=reg.engine_id,
-            member=member,
-            host=reg.host,
-            reason=reason,
-            **event_fields,
-        )
+        self._announce("DROPPED", "weightsync_peer_dropped", reg, reason, **event_fields)
         return reg
 
     def _refusal(self, member: str, reg: rendezvous.EngineRegistration) -> str | None:
@@ -135,13 +125,20 @@ class Admission:
     def _refuse(self, member: str, reg: rendezvous.EngineRegistration, reason: str) -> None:
         self._store.set(f"admission/{member}", json.dumps({"ok": False, "reason": reason}))
         self._refused.add(member)
-        log.error("weightsync: REFUSED engine %s (host %s, pid %d): %s",
-                  member, reg.host, reg.pid, reason)  # fmt: skip
+        self._announce("REFUSED", "weightsync_peer_refused", reg, reason)
+
+    def _announce(
+        self, verb: str, event: str, reg: rendezvous.EngineRegistration, reason: str, **fields
+    ) -> None:
+        """Log an error line and write the event an operator's alerts read."""
+        log.error("weightsync: %s engine %s (host %s, pid %d): %s",
+                  verb, reg.member_id, reg.host, reg.pid, reason)  # fmt: skip
         emit_event(
             self.paths,
-            "weightsync_peer_refused",
+            event,
             engine_id=reg.engine_id,
-            member=member,
+            member=reg.member_id,
             host=reg.host,
             reason=reason,
+            **fields,
         )

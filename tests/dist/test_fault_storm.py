@@ -29,7 +29,7 @@ from pathlib import Path
 import pytest
 import torch
 from spool_fault_worker import flip_stored_byte
-from test_spool_crash import NUM_GROUPS, NUM_WRITERS, Child, _load_worker, _wait_for
+from test_spool_crash import NUM_GROUPS, NUM_WRITERS, _load_worker, _wait_for, spool_children
 from weightsync_peers import (
     expected_fingerprint,
     make_state,
@@ -104,21 +104,6 @@ class _Corrupter:
         os.rename(aside, self.layout.ready_dir / name)
 
 
-def _spool_children(run: RunPaths, state_dir: Path) -> list[Child]:
-    spool, state = str(run.spool_dir), str(state_dir)
-    children = [
-        Child(
-            f"writer{i}",
-            ["writer", spool, state, f"--index={i}", f"--num-groups={NUM_GROUPS}"],
-            state_dir,
-        )
-        for i in range(NUM_WRITERS)
-    ]
-    consumer = ["consumer", spool, state, f"--num-writers={NUM_WRITERS}"]
-    consumer += [f"--num-groups={NUM_GROUPS}", "--batch-groups=4"]
-    return [*children, Child("consumer", consumer, state_dir)]
-
-
 def _storm(children, receivers, corrupter, paths, config, deadline) -> Counter:
     """Kill spool processes and receivers at random, corrupting shards in between."""
     rng = random.Random(SEED)
@@ -179,7 +164,7 @@ def test_storm_of_kills_and_corruption(tmp_path: Path) -> None:
     syncs = _Syncs(run, config)
     receivers = {e: spawn_engine(run.root, e, config) for e in ("steady", "r1", "r2")}
     steady = receivers.pop("steady")
-    children = _spool_children(run, state_dir)
+    children = spool_children(run, state_dir)
     corrupter = _Corrupter(SpoolLayout(run.spool_dir), state_dir / "aside", NUM_CORRUPTIONS,
                            random.Random(SEED + 1))  # fmt: skip
     deadline = time.monotonic() + DEADLINE_S
