@@ -2,8 +2,16 @@
 
 Slurm steps and the local executor start the same command; the role is an argument,
 never guessed from the environment. The step reads only the resolved config of the run
-directory. Exit codes: 0 done, 2 configuration error, 75 stopped with a checkpoint (the
-launcher requeues), anything else a crash (the launcher restarts from the last checkpoint).
+directory, validates it and resolves every name in it again (the nodes may see another
+environment than the submit host). Exit codes: 0 done, 2 configuration error, 75 stopped
+with a checkpoint (the launcher requeues), anything else a crash (the launcher restarts
+from the last checkpoint).
+
+A configuration error, including a library this interpreter cannot import while the step
+starts, is also written to ``status/config_error.json``: the launcher then fails the job at
+once, whichever role found it, since no restart can fix it. At module level only modules
+that need nothing beyond the standard library are imported (``paths``, ``runtime``), so
+that a wrong interpreter (``cluster.python``) is reported as such, not as a traceback.
 """
 
 from __future__ import annotations
@@ -12,12 +20,13 @@ import argparse
 import logging
 import sys
 
-from relax_hpc.config import ConfigError, load_run_config, validate_run_config
-from relax_hpc.paths import RunPaths
+from relax_hpc.paths import RunPaths, atomic_write_json
 from relax_hpc.runtime import TaskIdentity, stop_when_orphaned
 
 ROLES = ("trainer", "rollout")
 EXIT_CONFIG_ERROR = 2
+
+log = logging.getLogger(__name__)
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -37,6 +46,28 @@ def configure_logging(role: str, identity: TaskIdentity) -> None:
     )
 
 
+def config_error(paths: RunPaths, role: str, field: str, message: str) -> int:
+    """Report a configuration error on stderr and in ``status/config_error.json``; 2."""
+    line = message if message.startswith(field) else f"{field}: {message}"
+    print(f"relax_hpc: config error: {line}", file=sys.stderr)
+    try:
+        atomic_write_json(paths.config_error, {"role": role, "field": field, "message": line})
+    except OSError as err:
+        print(f"relax_hpc: could not record it in {paths.config_error}: {err}", file=sys.stderr)
+    return EXIT_CONFIG_ERROR
+
+
+def import_error(paths: RunPaths, role: str, err: ImportError) -> int:
+    return config_error(
+        paths,
+        role,
+        "cluster.python",
+        f"{sys.executable} cannot import {err.name or 'a module'} ({err}); run the job with "
+        "the interpreter of the environment relax_hpc is installed in: leave cluster.python "
+        "unset (the one that ran submit) or set it to that environment's python",
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     identity = TaskIdentity.from_environ()
@@ -44,12 +75,16 @@ def main(argv: list[str] | None = None) -> int:
     configure_logging(args.role, identity)
     paths = RunPaths(args.run_dir)
     try:
-        cfg = load_run_config(paths.resolved_config)
-        validate_run_config(cfg, check_paths=True)
+        from relax_hpc.config import ConfigError
+    except ImportError as err:
+        return import_error(paths, args.role, err)
+    try:
+        cfg, run_role = prepare_start(args.role, paths)
+    except ImportError as err:  # a library the role needs, imported while it starts
+        return import_error(paths, args.role, err)
     except ConfigError as err:
-        print(f"relax_hpc: config error: {err}", file=sys.stderr)
-        return EXIT_CONFIG_ERROR
-    logging.getLogger(__name__).info(
+        return config_error(paths, args.role, err.field, err.message)
+    log.info(
         "%s rank %d/%d of job attempt %s (%s)",
         args.role,
         identity.rank,
@@ -58,20 +93,30 @@ def main(argv: list[str] | None = None) -> int:
         identity.launcher,
     )
     try:
-        return run_role(args.role, cfg, paths, identity)
-    except ConfigError as err:  # found only at run time, e.g. a checkpoint's layout
-        print(f"relax_hpc: config error: {err}", file=sys.stderr)
-        return EXIT_CONFIG_ERROR
+        return run_role(cfg, paths, identity)
+    except ConfigError as err:  # found only at run time: a model folder, a checkpoint's layout
+        return config_error(paths, args.role, err.field, err.message)
 
 
-def run_role(role: str, cfg, paths: RunPaths, identity: TaskIdentity) -> int:
+def prepare_start(role: str, paths: RunPaths):
+    """The run's config, validated and with every name resolved, and the role's entry point."""
+    from relax_hpc.config import load_run_config, validate_run_config
+    from relax_hpc.resolve import resolve_names
+
+    cfg = load_run_config(paths.resolved_config)
+    validate_run_config(cfg, check_paths=True)
+    resolve_names(cfg, check_paths=True)
+    if cfg.miniature:
+        from relax_hpc.miniature import describe_miniature
+
+        log.info("%s", describe_miniature(cfg))
     if role == "trainer":
         from relax_hpc.trainer.main import run_trainer
 
-        return run_trainer(cfg, paths, identity)
+        return cfg, run_trainer
     from relax_hpc.rollout.main import run_rollout
 
-    return run_rollout(cfg, paths, identity)
+    return cfg, run_rollout
 
 
 if __name__ == "__main__":

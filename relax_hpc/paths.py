@@ -76,6 +76,7 @@ RUN_LOCK_NAME = "control/run.lock"
 RUN_OWNER_NAME = "control/run.owner.json"
 # Written by the trainer after its final checkpoint and export: the run is complete.
 TRAINER_DONE_NAME = "status/trainer_done.json"
+CONFIG_ERROR_NAME = "status/config_error.json"  # run-dir-relative; the batch script checks it
 BATCH_LOG_NAME = f"{LOGS_SUBDIR}/batch-%j.log"  # %j: Slurm's job id (the hetjob leader's)
 
 
@@ -199,6 +200,16 @@ class RunPaths:
     def export_dir(self) -> Path:
         """Default destination of the Hugging Face export at the end of a run."""
         return self.root / "export"
+
+    @property
+    def miniature_data_dir(self) -> Path:
+        """A miniature run's few rows of data, in the recipe's schema (``relax_hpc.miniature``)."""
+        return self.root / "miniature"
+
+    @property
+    def config_error(self) -> Path:
+        """Written by a component that exits with a configuration error: no restart helps."""
+        return self.root / CONFIG_ERROR_NAME
 
     def create(self) -> RunPaths:
         for folder in (

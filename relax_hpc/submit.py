@@ -25,8 +25,10 @@ from relax_hpc.launch.cluster import resolve_cluster_kind
 from relax_hpc.launch.plan import JobPlan, build_job_plan, describe_plan
 from relax_hpc.launch.runlock import RunInUse, hold_run_lock, refuse_if_in_use
 from relax_hpc.launch.sbatch import render_sbatch
+from relax_hpc.miniature import describe_miniature, miniaturize, write_miniature_data
 from relax_hpc.observe.alerts import move_urls_to_secrets
 from relax_hpc.paths import RunPaths, atomic_write_text
+from relax_hpc.resolve import resolve_names
 
 USAGE = """\
 usage: python -m relax_hpc.submit [+experiment=NAME] [key=value ...]
@@ -41,6 +43,8 @@ creates the run directory and launches the job (cluster=local|slurm|auto).
   relayout=true       resume run_dir's run with the trainer resources given now
                       (trainer.nodes, .gpus_per_node, .processes_per_node, .parallel.*, ...)
   cluster=slurm       submit to Slurm; cluster=local runs the roles as local processes
+  +preset=miniature   run the experiment shrunk to a laptop CPU (tiny model of the same
+                      family, CPU backends, a few rows of its data, two steps, cluster=local)
 
 Experiments: see configs/experiment/ (default: grpo_tiny). Exit codes: 0 ok, 2 configuration
 error, 3 the run directory is in use by another job.
@@ -69,13 +73,22 @@ def choose_run_dir(cfg: RunConfig, now: datetime | None = None) -> Path:
     return (Path(cfg.output_root).expanduser() / f"{cfg.name}-{stamp}").resolve()
 
 
+def with_submitting_interpreter(cfg: RunConfig) -> RunConfig:
+    """``cluster.python`` unset: the jobs run with the interpreter running this command."""
+    if cfg.cluster.python:
+        return cfg
+    return replace(cfg, cluster=replace(cfg.cluster, python=sys.executable))
+
+
 def prepare(overrides: list[str]) -> tuple[RunConfig, Path]:
     """Compose and validate; a run directory that already has a config wins over overrides."""
     from relax_hpc.config.compose import compose_run_config
 
-    cfg = compose_run_config(overrides)
+    cfg = with_submitting_interpreter(compose_run_config(overrides))
     run_dir = choose_run_dir(cfg)
     paths = RunPaths(run_dir)
+    if cfg.miniature:
+        cfg = miniaturize(cfg, paths.miniature_data_dir)
     if paths.resolved_config.is_file():
         stored = load_run_config(paths.resolved_config)
         changes: list[str] = []
@@ -94,7 +107,10 @@ def prepare(overrides: list[str]) -> tuple[RunConfig, Path]:
         cfg = replace(stored, run_dir=str(run_dir), **flags)
     elif cfg.relayout:
         raise refuse_relayout_of_new_run(str(run_dir))
-    validate_run_config(cfg, check_paths=not cfg.dry_run)
+    # A miniature's data is written with the run directory; its components check it at start.
+    check_paths = not cfg.dry_run and not cfg.miniature
+    validate_run_config(cfg, check_paths=check_paths)
+    resolve_names(cfg, check_paths=check_paths)
     return cfg, run_dir
 
 
@@ -115,6 +131,8 @@ def write_run_directory(cfg: RunConfig, run_dir: Path, plan: JobPlan, script: st
     elif cfg.relayout:  # the stored config with the new trainer resources (prepare)
         stored = replace(cfg, dry_run=False, prepare_only=False, relayout=False)
         write_resolved_config(stored, paths.resolved_config)
+    if cfg.miniature:
+        write_miniature_data(cfg)
     atomic_write_text(paths.job_plan, plan.to_json() + "\n")
     atomic_write_text(paths.sbatch_script, script, mode=0o755)
     return paths
@@ -180,6 +198,8 @@ def run(argv: list[str]) -> int:
     except ConfigError as err:
         print(f"relax_hpc: config error: {err}", file=sys.stderr)
         return EXIT_CONFIG_ERROR
+    if cfg.miniature:
+        print(f"relax_hpc: {describe_miniature(cfg)}", file=sys.stderr)
     kind, reason = resolve_cluster_kind(cfg.cluster.kind)
     print(f"relax_hpc: {reason}", file=sys.stderr)
     plan = build_job_plan(cfg, str(run_dir))

@@ -117,7 +117,10 @@ class DataConfig:
     kind: str = "synthetic_addition"  # jsonl | parquet | synthetic_addition
     path: str | None = None  # training prompts (jsonl/parquet)
     eval_path: str | None = None  # held-out prompts
-    prompt_key: str = "prompt"
+    # A published layout (relax_hpc/data/schemas.py: dapo_math | geo3k | prompt_label) that
+    # fixes the keys below and the image column, or custom (the keys as given).
+    schema: str = "custom"
+    prompt_key: str = "prompt"  # dotted keys reach into nested columns
     answer_key: str = "answer"
     system_prompt: str | None = None
     apply_chat_template: bool = True
@@ -142,7 +145,9 @@ class ClusterConfig:
     # A start waits this long for the run directory's lock (a dead holder's NFS lease)
     run_lock_wait_s: int = 120
     setup: list[str] = field(default_factory=list)  # shell lines before the steps (modules, env)
-    python: str = "python"  # interpreter inside the job steps
+    # Interpreter of the job steps; None = the one that ran submit (sys.executable, resolved
+    # at submission and written to config.yaml). A name like "python" is looked up on PATH.
+    python: str | None = None
     extra_sbatch: dict[str, str] = field(default_factory=dict)  # additional #SBATCH --key=value
 
 
@@ -205,6 +210,10 @@ class RunConfig:
     dry_run: bool = False  # print the plan and the sbatch script; create and submit nothing
     prepare_only: bool = False  # create the run directory and job.sbatch; submit by hand
     relayout: bool = False  # resume an existing run on other trainer resources (relayout.py)
+    # +preset=miniature: the same experiment shrunk to run on a laptop CPU in seconds
+    # (relax_hpc/miniature.py): tiny model of the same family, CPU backends, a few rows of
+    # data in the recipe's schema, two steps, cluster=local.
+    miniature: bool = False
     model: ModelConfig = field(default_factory=ModelConfig)
     algo: AlgoConfig = field(default_factory=AlgoConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)

@@ -1,7 +1,9 @@
 """Prompt datasets: local JSONL/Parquet files or the synthetic task, as ``PromptRecord``s.
 
 A row holds a prompt and a reference answer under ``data.prompt_key`` / ``data.answer_key``
-(dotted keys reach into nested columns, e.g. ``reward_model.ground_truth``). The prompt is a
+(dotted keys reach into nested columns, e.g. ``reward_model.ground_truth``), as the row's
+published schema (``data.schema``, ``relax_hpc.data.schemas``) lays them out; a schema with
+images (geo3k) has their bytes in ``PromptRecord.images``. The prompt is a
 string or a list of chat messages ``[{"role", "content"}]``. With
 ``data.apply_chat_template`` the messages (after an optional ``data.system_prompt``) go
 through the tokenizer's chat template with the generation prompt; otherwise a string prompt
@@ -21,6 +23,7 @@ from typing import Any
 from transformers.tokenization_utils_base import PreTrainedTokenizerBase
 
 from relax_hpc.config.schema import DataConfig
+from relax_hpc.data.schemas import SCHEMAS
 from relax_hpc.data.tasks import AdditionTask
 
 SPLITS = ("train", "eval")
@@ -34,6 +37,7 @@ class PromptRecord:
     prompt_ids: list[int]
     answer: str
     metadata: dict[str, Any] = field(default_factory=dict)  # the row's other columns
+    images: tuple[bytes, ...] = ()  # encoded images (PNG, JPEG) of the schema's image column
 
 
 class PromptDataset(Sequence[PromptRecord]):
@@ -47,6 +51,7 @@ class PromptDataset(Sequence[PromptRecord]):
         answer_key: str = "answer",
         system_prompt: str | None = None,
         apply_chat_template: bool = True,
+        image_key: str | None = None,
     ) -> None:
         self.rows = rows
         self.tokenizer = tokenizer
@@ -54,6 +59,7 @@ class PromptDataset(Sequence[PromptRecord]):
         self.answer_key = answer_key
         self.system_prompt = system_prompt
         self.apply_chat_template = apply_chat_template
+        self.image_key = image_key
         if apply_chat_template and tokenizer.chat_template is None:
             raise ValueError(
                 "data.apply_chat_template: the tokenizer has no chat template; "
@@ -68,10 +74,11 @@ class PromptDataset(Sequence[PromptRecord]):
         text = self.prompt_text(_lookup(row, self.prompt_key, index))
         # A chat template writes the special tokens it needs itself.
         ids = self.tokenizer(text, add_special_tokens=not self.apply_chat_template)["input_ids"]
-        skipped = {self.prompt_key.split(".")[0], self.answer_key.split(".")[0]}
+        skipped = {self.prompt_key.split(".")[0], self.answer_key.split(".")[0], self.image_key}
         metadata = {k: v for k, v in row.items() if k not in skipped}
         answer = _lookup(row, self.answer_key, index)
-        return PromptRecord(text, list(ids), str(answer), metadata)
+        images = image_bytes(_lookup(row, self.image_key, index)) if self.image_key else ()
+        return PromptRecord(text, list(ids), str(answer), metadata, images)
 
     def prompt_text(self, prompt: str | Sequence[Mapping[str, str]]) -> str:
         if not self.apply_chat_template:
@@ -106,13 +113,16 @@ def build_dataset(
     if split not in SPLITS:
         raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
     rows = _rows(data_cfg, split, split_seed)
+    schema = SCHEMAS[data_cfg.schema]
+    prompt_key, answer_key = schema.keys(data_cfg.prompt_key, data_cfg.answer_key)
     return PromptDataset(
         rows,
         tokenizer,
-        prompt_key=data_cfg.prompt_key,
-        answer_key=data_cfg.answer_key,
+        prompt_key=prompt_key,
+        answer_key=answer_key,
         system_prompt=data_cfg.system_prompt,
         apply_chat_template=data_cfg.apply_chat_template,
+        image_key=schema.image_key,
     )
 
 
@@ -157,6 +167,22 @@ def _existing(path: str | Path) -> Path:
     if not Path(path).is_file():
         raise ValueError(f"data file {path} does not exist")
     return Path(path)
+
+
+def image_bytes(value: Any) -> tuple[bytes, ...]:
+    """An image column as encoded bytes: one image or a list, each raw bytes or the
+    ``{"bytes", "path"}`` struct of a Hugging Face ``Image`` feature (bytes embedded)."""
+    items = value if isinstance(value, list | tuple) else [value]
+    found = []
+    for item in items:
+        data = item.get("bytes") if isinstance(item, Mapping) else item
+        if not isinstance(data, bytes | bytearray):
+            raise ValueError(
+                f"an image is {type(data).__name__}, not embedded bytes; write the dataset "
+                "with its images embedded (Hugging Face datasets embeds them in Parquet)"
+            )
+        found.append(bytes(data))
+    return tuple(found)
 
 
 def _lookup(row: Mapping[str, Any], dotted_key: str, index: int) -> Any:

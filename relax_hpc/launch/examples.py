@@ -23,6 +23,7 @@ EXAMPLE_HEADER = """\
 # and its config first, then submit this file (or the job.sbatch written beside it):
 #   python -m relax_hpc.submit +experiment={name} cluster=slurm run_dir=runs/{name} prepare_only=true
 #   sbatch sbatch/{name}.sbatch
+# `python` below stands for cluster.python, which submit sets to the interpreter it ran with.
 """
 
 
@@ -32,7 +33,8 @@ def experiment_names(config_dir: Path | None = None) -> list[str]:
 
 
 def render_example(name: str) -> str:
-    cfg = compose_run_config([f"+experiment={name}", "cluster=slurm"])
+    # A fixed interpreter name: the files must not depend on the machine that renders them.
+    cfg = compose_run_config([f"+experiment={name}", "cluster=slurm", "cluster.python=python"])
     validate_run_config(cfg, check_paths=False)
     script = render_sbatch(build_job_plan(cfg, f"runs/{name}"))
     shebang, rest = script.split("\n", 1)

@@ -20,7 +20,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from relax_hpc.launch.plan import JobPlan, RolePlan
-from relax_hpc.paths import RunPaths
+from relax_hpc.paths import RunPaths, read_json
 from relax_hpc.runtime import LOCAL_PREFIX, SUPERVISOR_PID_VAR
 
 EXIT_CONFIG_ERROR = 2
@@ -73,32 +73,47 @@ class LocalExecutor:
     def run(self) -> int:
         """Run until the trainer finishes; restart after a crash up to ``max_restarts``."""
         self._install_signal_forwarding()
-        for restart_count in range(self.plan.max_restarts + 1):
+        restarts = self.plan.max_restarts
+        for restart_count in range(restarts + 1):
+            self.paths.config_error.unlink(missing_ok=True)  # each start finds its own
             self.watch.start(restart_count)
             trainer_rc = self._run_once(restart_count)
             self.watch.stop()
             outcome = self._outcome(trainer_rc)
             if outcome is not None:
                 self.watch.end(*outcome)
-                return trainer_rc
+                return EXIT_CONFIG_ERROR if self._config_error() else trainer_rc
             why = f"the trainer exited with {trainer_rc}"
+            if restart_count == restarts:
+                break
             print(
-                f"relax_hpc: {why}; restart {restart_count + 1} of "
-                f"{self.plan.max_restarts} from the last complete checkpoint",
+                f"relax_hpc: {why}; restart {restart_count + 1} of {restarts} from the last "
+                "complete checkpoint",
                 file=sys.stderr,
             )
-            if restart_count < self.plan.max_restarts:
-                self.watch.end("requeued", f"{why}; restarting from the last complete checkpoint")
-        print(f"relax_hpc: giving up after {self.plan.max_restarts} restarts", file=sys.stderr)
-        self.watch.end("failed", f"{why}; gave up after {self.plan.max_restarts} restarts")
+            self.watch.end("requeued", f"{why}; restarting from the last complete checkpoint")
+        gave_up = f"{why}; gave up after {restarts} restart(s) (cluster.max_restarts={restarts})"
+        print(f"relax_hpc: {gave_up}", file=sys.stderr)
+        self.watch.end("failed", gave_up)
         return 1
+
+    def _config_error(self) -> str | None:
+        """The configuration error a task of this attempt reported (exit 2), if any."""
+        if not self.paths.config_error.is_file():
+            return None
+        try:
+            return str(read_json(self.paths.config_error).get("message", "see the task logs"))
+        except (OSError, ValueError):
+            return "see the task logs"
 
     def _outcome(self, trainer_rc: int) -> tuple[str, str] | None:
         """How this attempt ends the run, or None when it is restarted."""
         if trainer_rc == 0:
             return "finished", "training complete"
-        if trainer_rc == EXIT_CONFIG_ERROR:
-            return "failed", "configuration error (trainer exit 2): fix config.yaml and rerun"
+        error = self._config_error()
+        if error is not None or trainer_rc == EXIT_CONFIG_ERROR:
+            detail = f": {error}" if error else " (trainer exit 2)"
+            return "failed", f"configuration error{detail}; fix config.yaml and rerun"
         if self.interrupted or self._cancelled():
             how = f"SIG{self.interrupted}" if self.interrupted else "python -m relax_hpc.cancel"
             return "cancelled", f"stopped on request ({how}); trainer exit {trainer_rc}"

@@ -13,6 +13,7 @@ Slurm executor, and the local executor. Shape rules:
 from __future__ import annotations
 
 import json
+import sys
 from dataclasses import asdict, dataclass, field
 
 from relax_hpc.config.schema import RunConfig
@@ -79,7 +80,8 @@ def job_shape(cfg: RunConfig) -> str:
 
 def component_command(cfg: RunConfig, role: str, run_dir: str) -> tuple[str, ...]:
     """Every step runs the same entry point; the role is an argument, never guessed."""
-    return (cfg.cluster.python, "-u", "-m", COMPONENT_MODULE, role, "--run-dir", run_dir)
+    python = cfg.cluster.python or sys.executable  # submit resolves None; plans built directly too
+    return (python, "-u", "-m", COMPONENT_MODULE, role, "--run-dir", run_dir)
 
 
 def _trainer_plan(cfg: RunConfig, run_dir: str) -> RolePlan:

@@ -15,6 +15,7 @@ from relax_hpc.launch.plan import REQUEUE_EXIT_CODE, JobPlan, RolePlan
 from relax_hpc.paths import (
     BATCH_LOG_NAME,
     CANCEL_REQUEST_NAME,
+    CONFIG_ERROR_NAME,
     RUN_LOCK_NAME,
     RUN_OWNER_NAME,
     TRAINER_DONE_NAME,
@@ -166,6 +167,9 @@ else
   printf '{{"host": "%s", "job_id": "%s", "pid": %s, "since": %s}}\\n' \\
     "$(hostname)" "$SLURM_JOB_ID" "$$" "$(date +%s)" >"$owner.tmp.$$" && mv -f "$owner.tmp.$$" "$owner"
 fi
+# A step that finds a configuration error records it here (any role): this start's own.
+config_error="$RELAX_HPC_RUN_DIR/{config_error}"
+rm -f "$config_error"
 
 # The run watcher (alerts: started/resumed, first step, stalled; the cost ledger) runs
 # beside the steps; end_job tells how this start ended. Both are bounded and never decide
@@ -215,7 +219,8 @@ while all_alive; do sleep 5 & wait $! || true; done
 kill -s USR1 "${{step_pids[@]}}" 2>/dev/null || true
 
 # The trainer's exit decides how this start ends:
-# 0: training finished. 2: a configuration error, which a restart cannot fix.
+# 0: training finished. 2 (or any step's recorded config error): a configuration error,
+# which a restart cannot fix.
 # {requeue_rc}: checkpointed on a signal or cancel request. Anything else: a crash; resume
 # from the last complete checkpoint. Restarts are bounded by cluster.max_restarts.
 decide() {{  # sets outcome, detail, exit_code and requeue
@@ -224,11 +229,14 @@ decide() {{  # sets outcome, detail, exit_code and requeue
     echo "relax_hpc: training complete (final checkpoint and export written)"
     outcome=finished; detail="training complete"; return
   fi
-  case "$trainer_rc" in
-    0) outcome=finished; detail="trainer exited with 0"; return ;;
-    2) outcome=failed; exit_code=2
-       detail="configuration error (trainer exit 2): fix the run's config.yaml, resubmit"; return ;;
-  esac
+  if [ "$trainer_rc" = 0 ]; then
+    outcome=finished; detail="trainer exited with 0"; return
+  fi
+  if [ "$trainer_rc" = 2 ] || [ -e "$config_error" ]; then
+    outcome=failed; exit_code=2
+    detail="configuration error: $(tr -d '\\n' <"$config_error" 2>/dev/null || echo "trainer exit 2"); fix the run's config.yaml, resubmit"
+    echo "relax_hpc: $detail" >&2; return
+  fi
   if [ -e "$RELAX_HPC_RUN_DIR/{cancel_request}" ]; then
     echo "relax_hpc: stopped on request (python -m relax_hpc.cancel); not requeueing"
     outcome=cancelled; detail="stopped on request (python -m relax_hpc.cancel)"; return
@@ -289,6 +297,7 @@ def _body(plan: JobPlan) -> list[str]:
         python=python,
         run_lock=RUN_LOCK_NAME,
         run_owner=RUN_OWNER_NAME,
+        config_error=CONFIG_ERROR_NAME,
         lock_wait_s=plan.run_lock_wait_s,
     )
     lines += ["", supervisor]

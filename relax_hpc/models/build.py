@@ -1,9 +1,11 @@
 """Build the tokenizer and the causal LM of a ``ModelConfig``, from local files only.
 
-Two sources: a local Hugging Face folder (``model.path``), or a transformers architecture
-built from ``model.arch`` with the vocabulary size and special-token ids taken from the
-tokenizer (the tiny CPU model). Both the trainer and the rollout build their model here, so
-the two processes agree on names, shapes and initial weights.
+Two sources: a local Hugging Face folder (``model.path``, read through ``hf_folder``, which
+also takes folders written by transformers 5), or a transformers architecture built from
+``model.arch`` with the vocabulary size and special-token ids taken from the tokenizer (the
+tiny CPU model). Both the trainer and the rollout build their model here, so the two
+processes agree on names, shapes and initial weights. A folder that cannot be loaded is a
+``ConfigError`` (exit 2, no restart).
 
 Must not: download anything (every ``from_pretrained`` is ``local_files_only=True``), or
 know about training, rollout or the run directory.
@@ -15,10 +17,12 @@ from pathlib import Path
 
 import torch
 import transformers
-from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
+from transformers import AutoModelForCausalLM, PreTrainedModel
 from transformers.tokenization_utils_base import PreTrainedTokenizerBase
 
+from relax_hpc.config.errors import ConfigError
 from relax_hpc.config.schema import ModelConfig
+from relax_hpc.models.hf_folder import load_model_config, load_tokenizer
 from relax_hpc.models.tokenizer import build_char_tokenizer
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -39,10 +43,11 @@ def build_tokenizer(model_cfg: ModelConfig) -> PreTrainedTokenizerBase:
         return build_char_tokenizer()
     folder = model_cfg.path if model_cfg.tokenizer == "auto" else model_cfg.tokenizer
     if folder is None:
-        raise ValueError(
-            "model.tokenizer: 'auto' needs model.path; set model.tokenizer=char or a folder"
+        raise ConfigError(
+            "model.tokenizer", "'auto' needs model.path; set model.tokenizer=char or a folder"
         )
-    tokenizer = AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
+    field = "model.path" if model_cfg.tokenizer == "auto" else "model.tokenizer"
+    tokenizer = load_tokenizer(folder, field)
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token  # batching needs a pad id; it is masked out
     return tokenizer
@@ -60,17 +65,8 @@ def build_causal_lm(
     ``model.arch`` with initial weights drawn from ``seed`` (the global RNG is left untouched).
     """
     if model_cfg.path is not None:
-        if not Path(model_cfg.path).is_dir():
-            raise ValueError(f"model.path: {model_cfg.path} is not a local folder")
-        model = AutoModelForCausalLM.from_pretrained(
-            str(model_cfg.path), local_files_only=True, dtype=dtype
-        )
-        return model.eval()
-    model_class = getattr(transformers, model_cfg.architecture, None)
-    if model_class is None or not hasattr(model_class, "config_class"):
-        raise ValueError(
-            f"model.architecture: {model_cfg.architecture!r} is not a transformers model class"
-        )
+        return load_causal_lm(model_cfg.path, dtype)
+    model_class = architecture_class(model_cfg.architecture)
     config = model_class.config_class(
         **model_cfg.arch,
         vocab_size=len(tokenizer),
@@ -82,6 +78,40 @@ def build_causal_lm(
         torch.manual_seed(seed)
         model = model_class(config)
     return model.to(dtype).eval()
+
+
+def load_causal_lm(path: str, dtype: torch.dtype, field: str = "model.path") -> PreTrainedModel:
+    """The causal LM of a local folder; ``ConfigError`` naming it when it cannot be loaded."""
+    if not Path(path).expanduser().is_dir():
+        raise ConfigError(field, f"{path} is not a local folder; fix the path")
+    config = load_model_config(path, field)
+    try:
+        model = AutoModelForCausalLM.from_pretrained(
+            str(path), config=config, local_files_only=True, dtype=dtype
+        )
+    except torch.OutOfMemoryError:
+        raise  # a resource problem, not the folder's
+    except Exception as err:  # missing/truncated weights (OSError, SafetensorError), bad shapes
+        text = str(err).strip().splitlines()
+        raise ConfigError(
+            field,
+            f"{path} cannot be loaded by transformers {transformers.__version__} "
+            f"({type(err).__name__}: {text[0] if text else 'no message'}); check its weight "
+            "files (model.safetensors) against config.json",
+        ) from None
+    return model.eval()
+
+
+def architecture_class(name: str) -> type[PreTrainedModel]:
+    """``model.architecture`` as a transformers model class; ``ConfigError`` if there is none."""
+    model_class = getattr(transformers, name, None)
+    if model_class is None or not hasattr(model_class, "config_class"):
+        raise ConfigError(
+            "model.architecture",
+            f"{name!r} is not a model class of transformers {transformers.__version__}; use "
+            "the class named in the model's config.json (e.g. Qwen3ForCausalLM)",
+        )
+    return model_class
 
 
 def num_parameters(model: torch.nn.Module) -> int:

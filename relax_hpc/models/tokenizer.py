@@ -24,10 +24,28 @@ SPECIAL_TOKENS = (PAD_TOKEN, BOS_TOKEN, EOS_TOKEN, UNK_TOKEN)  # ids 0..3, in th
 # Printable ASCII without the vertical whitespace that string.printable also carries.
 ALPHABET = "".join(c for c in string.printable if c not in "\r\x0b\x0c")
 
-# A minimal chat template so that datasets with ``apply_chat_template: true`` work too.
+# A minimal chat template so that datasets with ``apply_chat_template: true`` work too:
+# ``role: content`` lines. Tool calls and tool results follow Qwen3's template in this
+# format: an assistant's ``tool_calls`` are written as ``<tool_call>`` JSON blocks, and
+# consecutive ``tool`` messages become one user turn of ``<tool_response>`` blocks.
 CHAT_TEMPLATE = (
-    "{% for message in messages %}{{ message['role'] }}: {{ message['content'] }}\n{% endfor %}"
-    "{% if add_generation_prompt %}assistant: {% endif %}"
+    "{%- for message in messages -%}"
+    "{%- if message['role'] == 'tool' -%}"
+    "{%- if loop.first or messages[loop.index0 - 1]['role'] != 'tool' %}user:{% endif -%}"
+    "{{ '\n<tool_response>\n' ~ message['content'] ~ '\n</tool_response>' }}"
+    "{%- if loop.last or messages[loop.index0 + 1]['role'] != 'tool' %}{{ '\n' }}{% endif -%}"
+    "{%- else -%}"
+    "{{ message['role'] ~ ': ' ~ (message['content'] or '') }}"
+    "{%- for call in message.tool_calls or [] -%}"
+    "{%- if not loop.first or message['content'] %}{{ '\n' }}{% endif -%}"
+    "{%- set call = call.function or call -%}"
+    "{%- set arguments = call.arguments if call.arguments is string else call.arguments | tojson -%}"
+    "{{ '<tool_call>\n{\"name\": \"' ~ call.name ~ '\", \"arguments\": ' ~ arguments ~ '}\n</tool_call>' }}"
+    "{%- endfor -%}"
+    "{{ '\n' }}"
+    "{%- endif -%}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt %}{{ 'assistant: ' }}{% endif -%}"
 )
 
 

@@ -258,7 +258,9 @@ def run_rollout(cfg: RunConfig, paths: RunPaths, identity: TaskIdentity) -> int:
         params=SamplingParams.from_config(cfg.rollout, cfg.seed),
         metrics=metrics,
         progress_path=paths.status_dir / f"rollout-{identity.rank}-progress.json",
-        evaluator=make_evaluator(cfg, engine, tokenizer, score, metrics, paths) if leader else None,
+        evaluator=make_evaluator(cfg, engine, tokenizer, score, metrics, paths)
+        if leader and cfg.rollout.eval_interval_steps > 0
+        else None,
         should_stop=should_stop,
     )
     try:

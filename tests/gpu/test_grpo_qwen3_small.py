@@ -1,10 +1,11 @@
 """grpo_qwen3_small end to end on one GPU: the Megatron trainer and an SGLang engine.
 
 A tiny random Qwen3 (saved to a temporary folder, with the offline character tokenizer)
-stands in for Qwen3-0.6B, and the synthetic addition task for DAPO-Math, so the test needs
-no download; everything else is the experiment as shipped: ``mode=sync`` on one GPU, the
-Megatron backend, SGLang serving, weight sync after each step, DCP checkpoints and the Hugging
-Face export at the end. Needs CUDA and the ``gpu`` extra; skipped otherwise.
+stands in for Qwen3-0.6B, and a few rows in DAPO-Math-17k's published layout for the dataset,
+so the test needs no download; everything else is the experiment as shipped, its
+``dapo_math`` reward and data config included: ``mode=sync`` on one GPU, the Megatron
+backend, SGLang serving, weight sync after each step, DCP checkpoints and the Hugging Face
+export at the end. Needs CUDA and the ``gpu`` extra; skipped otherwise.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import pytest
 import torch
 
 from relax_hpc.config.schema import ModelConfig
+from relax_hpc.data.schemas import SCHEMAS, dapo_math_rows, write_rows
 from relax_hpc.models.build import build_causal_lm
 from relax_hpc.models.tokenizer import build_char_tokenizer
 from relax_hpc.paths import RunPaths, read_json
@@ -36,7 +38,7 @@ ARCH = {  # head_dim 64: the smallest size every SGLang attention backend suppor
     "num_attention_heads": 2,
     "num_key_value_heads": 2,
     "head_dim": 64,
-    "max_position_embeddings": 512,
+    "max_position_embeddings": 1024,  # a DAPO prompt is ~450 characters (= tokens)
     "tie_word_embeddings": False,
 }
 STEPS = 2
@@ -57,6 +59,9 @@ def model_dir(tmp_path_factory) -> Path:
 @pytest.mark.parametrize("algo", ["grpo", "ppo"])  # ppo: the Megatron critic too
 def test_two_steps_with_megatron_and_sglang(tmp_path, model_dir, algo):
     run_dir = tmp_path / "run"
+    data = write_rows(
+        dapo_math_rows(8), tmp_path / "train.parquet", "parquet", SCHEMAS["dapo_math"]
+    )
     command = [
         sys.executable,
         "-m",
@@ -66,14 +71,12 @@ def test_two_steps_with_megatron_and_sglang(tmp_path, model_dir, algo):
         "cluster=local",
         f"run_dir={run_dir}",
         f"model.path={model_dir}",
-        "data=synthetic_addition",
-        "rollout.reward=exact_match",
+        f"data.path={data}",
         f"trainer.total_steps={STEPS}",
         "trainer.checkpoint_interval_steps=1",
         "rollout.prompts_per_step=4",
         "rollout.n_samples_per_prompt=4",
         "rollout.max_new_tokens=16",
-        "rollout.eval_interval_steps=0",
         "rollout.engine_mem_fraction=0.3",
     ]
     result = subprocess.run(command, capture_output=True, text=True, cwd=REPO, timeout=1800)

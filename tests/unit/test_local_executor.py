@@ -98,7 +98,34 @@ def test_a_crashing_trainer_is_restarted_then_given_up(tmp_path, capsys):
     other = tmp_path / "other"
     other.mkdir()
     assert executor(other, "crash crash crash", max_restarts=1).run() == 1
-    assert "giving up after 1 restarts" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "restart 1 of 1 from" in err and "restart 2 of 1" not in err
+    assert "gave up after 1 restart(s) (cluster.max_restarts=1)" in err
+
+
+# A rollout that finds a configuration error as a component does: record it, exit 2.
+ROLLOUT_CONFIG_ERROR = textwrap.dedent(
+    """
+    import json, os, pathlib, sys
+    run = pathlib.Path(sys.argv[1])
+    (run / f"rollout-ready-{os.environ['RELAX_HPC_RESTART_COUNT']}").write_text("")
+    (run / "status").mkdir(exist_ok=True)
+    message = "model.path: /models/x cannot be loaded"
+    (run / "status" / "config_error.json").write_text(json.dumps({"message": message}))
+    print("relax_hpc: config error:", message, file=sys.stderr, flush=True)
+    sys.exit(2)
+    """
+)
+
+
+def test_a_config_error_of_any_role_ends_the_run_without_restarts(tmp_path, capsys):
+    run = executor(tmp_path, "wait-for-signal wait-for-signal wait-for-signal")
+    (tmp_path / "rollout.py").write_text(ROLLOUT_CONFIG_ERROR)  # the plan runs this file
+    assert run.run() == 2
+    assert [p.name for p in tmp_path.glob("rollout-ready-*")] == ["rollout-ready-0"]  # once
+    err = capsys.readouterr().err
+    assert "rollout[0] exited with 2" in err and "model.path: /models/x" in err
+    assert "restart" not in err
 
 
 def test_an_interrupt_is_forwarded_and_the_trainer_checkpoints(tmp_path):

@@ -1,0 +1,252 @@
+"""Every name a config refers to, resolved before anything is submitted (and again at start).
+
+``validate_run_config`` checks values and cross-field rules without importing anything;
+this module checks that each *name* stands for something that exists where the job runs:
+
+| field | resolves to |
+|---|---|
+| ``rollout.reward`` | a built-in reward or ``module:function`` (the module is imported) |
+| ``algo.*`` | the estimator and loss functions (``relax_hpc.algo.resolve``) |
+| ``data.schema``, ``data.*_key`` | a published schema and its keys; the data file's columns* |
+| ``rollout.eval_interval_steps`` | a held-out split (``data.eval_path``) for file datasets |
+| ``model.architecture`` | a transformers class; the class the folder's config.json names* |
+| ``model.path``, ``model.tokenizer`` | a config.json and a tokenizer that load (not the weights)* |
+| ``trainer.backend``, ``rollout.backend`` | a backend whose library the job's interpreter has* |
+| ``model.modality`` | a modality the trainer and engines carry* |
+| ``trainer.backend=megatron`` | an architecture its weight mapping covers* |
+| ``cluster.python`` | an executable* |
+
+(*) only with ``check_paths``: when the job is about to run, not when a script is rendered.
+Each failure is a ``ConfigError`` naming the field, the known choices and the fix.
+
+Must not: import Hydra, or anything heavy at module level (transformers and torch are
+imported by the checks that need them).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import shutil
+import sys
+from pathlib import Path
+
+from relax_hpc.config import ConfigError, DataConfig, ModelConfig, RunConfig
+from relax_hpc.data.schemas import SCHEMAS
+
+# Backend name -> the library the job's interpreter must be able to import.
+TRAINER_BACKEND_LIBRARIES = {"torch": "torch", "megatron": "megatron.core"}
+ROLLOUT_BACKEND_LIBRARIES = {"transformers": "transformers", "sglang": "sglang"}
+FILE_KINDS = ("jsonl", "parquet")
+# What the trainer and the engines carry today; images and audio come with multimodal support.
+RUNNABLE_MODALITIES = ("text",)
+# The architectures the Megatron backend's HF <-> Megatron mapping covers (megatron_mapping).
+MEGATRON_ARCHITECTURES = ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM")
+
+
+def resolve_names(cfg: RunConfig, check_paths: bool = False) -> None:
+    """Raise ``ConfigError`` for the first name in ``cfg`` that resolves to nothing."""
+    resolve_reward_name(cfg.rollout.reward)
+    resolve_algorithm(cfg)
+    resolve_data(cfg, check_paths)
+    resolve_model(cfg.model, check_paths)
+    if check_paths:
+        check_modality(cfg.model)
+        check_megatron_architecture(cfg)
+        check_backend_libraries(cfg)
+        check_interpreter(cfg)
+
+
+def resolve_reward_name(spec: str) -> None:
+    from relax_hpc.rollout.rewards.registry import RewardNameError, resolve_reward
+
+    try:
+        resolve_reward(spec)
+    except RewardNameError as err:
+        raise ConfigError("rollout.reward", str(err)) from None
+
+
+def resolve_algorithm(cfg: RunConfig) -> None:
+    from relax_hpc.algo import resolve
+
+    try:
+        resolve(cfg.algo)
+    except (ValueError, KeyError) as err:
+        text = str(err)
+        field = text.split(":")[0] if text.startswith("algo.") else "algo.name"
+        raise ConfigError(field, text) from None
+
+
+def resolve_data(cfg: RunConfig, check_paths: bool) -> None:
+    data = cfg.data
+    if data.schema not in SCHEMAS:
+        raise ConfigError(
+            "data.schema",
+            f"{data.schema!r} is not a known dataset schema (known: {', '.join(SCHEMAS)}); "
+            "use custom with data.prompt_key and data.answer_key for your own layout",
+        )
+    schema = SCHEMAS[data.schema]
+    for field, configured, published in (
+        ("prompt_key", data.prompt_key, schema.prompt_key),
+        ("answer_key", data.answer_key, schema.answer_key),
+    ):
+        if published is not None and configured != published:
+            raise ConfigError(
+                f"data.{field}",
+                f"data.schema={schema.name} ({schema.published_as}) keeps it under "
+                f"{published!r}, not {configured!r}; set data.{field}={published} or "
+                "data.schema=custom",
+            )
+    if data.kind in FILE_KINDS and cfg.rollout.eval_interval_steps > 0 and not data.eval_path:
+        raise ConfigError(
+            "rollout.eval_interval_steps",
+            f"evaluates every {cfg.rollout.eval_interval_steps} policy versions but "
+            "data.eval_path is not set; set data.eval_path (held-out prompts in the same "
+            "schema) or rollout.eval_interval_steps=0",
+        )
+    if check_paths and data.kind in FILE_KINDS:
+        for path_field in ("path", "eval_path"):
+            path = getattr(data, path_field)
+            if path and Path(path).is_file():
+                check_columns(data, Path(path))
+
+
+def check_columns(data: DataConfig, path: Path) -> None:
+    """The first row of ``path`` has the configured keys (and the schema's image column)."""
+    schema = SCHEMAS[data.schema]
+    columns = _first_row_columns(path, data.kind)
+    wanted = {"prompt_key": data.prompt_key, "answer_key": data.answer_key}
+    if schema.image_key:
+        wanted["schema's image column"] = schema.image_key
+    for field, key in wanted.items():
+        if key not in columns:
+            fix = f"fix data.{field}" if field.endswith("_key") else "fix data.schema"
+            shown = ", ".join(sorted(columns)) or "none"
+            raise ConfigError(
+                f"data.{field}" if field.endswith("_key") else "data.schema",
+                f"{key!r} is not a column of {path} (columns: {shown}); {fix}",
+            )
+
+
+def _first_row_columns(path: Path, kind: str) -> set[str]:
+    """Every dotted key of the file's first row (nested structs spelled ``a.b``)."""
+    if kind == "parquet":
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        def names(fields, prefix: str = "") -> set[str]:
+            found = set()
+            for item in fields:
+                found.add(prefix + item.name)
+                if pa.types.is_struct(item.type):
+                    found |= names(list(item.type), f"{prefix}{item.name}.")
+            return found
+
+        return names(list(pq.read_schema(path)))
+
+    def keys(row: dict, prefix: str = "") -> set[str]:
+        found = set()
+        for key, value in row.items():
+            found.add(prefix + key)
+            if isinstance(value, dict):
+                found |= keys(value, f"{prefix}{key}.")
+        return found
+
+    with open(path, encoding="utf-8") as handle:
+        for line in handle:
+            if line.strip():
+                try:
+                    row = json.loads(line)
+                except json.JSONDecodeError as err:
+                    raise ConfigError("data.path", f"{path}: not JSON lines ({err.msg})") from None
+                return keys(row) if isinstance(row, dict) else set()
+    return set()
+
+
+def resolve_model(model: ModelConfig, check_paths: bool) -> None:
+    import transformers
+
+    if model.architecture not in dir(transformers):  # the lazy module lists every class
+        raise ConfigError(
+            "model.architecture",
+            f"{model.architecture!r} is not a model class of transformers "
+            f"{transformers.__version__}; use the class named in the model's config.json "
+            "(e.g. Qwen3ForCausalLM, Qwen3MoeForCausalLM)",
+        )
+    if not check_paths:
+        return
+    from relax_hpc.models.hf_folder import load_model_config, load_tokenizer
+
+    if model.path:
+        architectures = load_model_config(model.path).architectures or []
+        if architectures and model.architecture not in architectures:
+            raise ConfigError(
+                "model.architecture",
+                f"{model.path}/config.json names {', '.join(architectures)}, not "
+                f"{model.architecture}; set model.architecture={architectures[0]}",
+            )
+    for field in ("reference_path", "teacher_path", "critic_path"):
+        if getattr(model, field):
+            load_model_config(getattr(model, field), f"model.{field}")
+    if model.tokenizer == "auto" and model.path:
+        load_tokenizer(model.path, "model.path")
+    elif model.tokenizer not in ("auto", "char"):
+        load_tokenizer(model.tokenizer, "model.tokenizer")
+
+
+def check_modality(model: ModelConfig) -> None:
+    if model.modality not in RUNNABLE_MODALITIES:
+        raise ConfigError(
+            "model.modality",
+            f"{model.modality} ({model.architecture}) cannot run yet: the trainer and the "
+            "engines carry text only until multimodal support lands (README: Known "
+            "limitations); dry_run=true renders the job",
+        )
+
+
+def check_megatron_architecture(cfg: RunConfig) -> None:
+    if cfg.trainer.backend == "megatron" and cfg.model.architecture not in MEGATRON_ARCHITECTURES:
+        raise ConfigError(
+            "trainer.backend",
+            f"megatron maps {', '.join(MEGATRON_ARCHITECTURES)} only, not "
+            f"{cfg.model.architecture}; use trainer.backend=torch (FSDP2) for this model",
+        )
+
+
+def runs_with_this_interpreter(cfg: RunConfig) -> bool:
+    """Whether the job's interpreter is this one, so that what it can import is known here."""
+    python = cfg.cluster.python
+    # Paths, not files: a virtual environment's python is a link to the base interpreter,
+    # yet imports from another site-packages.
+    return bool(python) and os.path.abspath(python) == os.path.abspath(sys.executable)
+
+
+def check_backend_libraries(cfg: RunConfig) -> None:
+    if not runs_with_this_interpreter(cfg):
+        return  # another interpreter (or one set up by cluster.setup): nothing to ask here
+    for field, backend, libraries in (
+        ("trainer.backend", cfg.trainer.backend, TRAINER_BACKEND_LIBRARIES),
+        ("rollout.backend", cfg.rollout.backend, ROLLOUT_BACKEND_LIBRARIES),
+    ):
+        library = libraries[backend]
+        if importlib.util.find_spec(library.split(".")[0]) is None or (
+            "." in library and importlib.util.find_spec(library) is None
+        ):
+            raise ConfigError(
+                field,
+                f"{backend} needs {library}, which {sys.executable} cannot import; install "
+                'the GPU stack (pip install -e ".[gpu]", see README) or choose another backend',
+            )
+
+
+def check_interpreter(cfg: RunConfig) -> None:
+    python = cfg.cluster.python
+    if cfg.cluster.setup or not python:
+        return  # cluster.setup may create or activate it on the nodes
+    if shutil.which(python) is None:
+        raise ConfigError(
+            "cluster.python",
+            f"{python} is not an executable here; leave cluster.python unset (the interpreter "
+            "that ran submit) or point it at the environment relax_hpc is installed in",
+        )

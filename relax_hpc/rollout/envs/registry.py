@@ -1,0 +1,73 @@
+"""``rollout.environment``: a built-in name or a user's ``module:Class``, resolved and checked.
+
+``resolve_environment`` is what submit-time validation calls: it imports the class, checks
+that it has the protocol's methods, that it can be built as ``cls(runtime)``, and that
+``rollout.environment_options`` are options it declares. Every failure is a ``ValueError``
+naming the field, the known choices and the fix. Built-ins are named by import path, so
+resolving one imports only that environment.
+
+Must not: build environments or start tools (that is the rollout's job, at start).
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+from collections.abc import Mapping
+from typing import Any
+
+from relax_hpc.rollout.envs.base import EnvRuntime
+
+BUILTIN_ENVIRONMENTS: dict[str, str] = {
+    "calculator": "relax_hpc.rollout.envs.calculator:CalculatorEnv",
+    "guess_number": "relax_hpc.rollout.envs.guess_number:GuessNumberEnv",
+    "python_math": "relax_hpc.rollout.envs.python_math:PythonMathEnv",
+}
+FIELD = "rollout.environment"
+
+
+def resolve_environment(spec: str, options: Mapping[str, Any] | None = None) -> type:
+    """The environment class of ``spec``; ``options`` are checked against its ``Options``."""
+    cls = _import_class(BUILTIN_ENVIRONMENTS.get(spec, spec), spec)
+    missing = [name for name in ("reset", "step") if not callable(getattr(cls, name, None))]
+    if missing:
+        raise ValueError(
+            f"{FIELD}: {spec} has no {' or '.join(missing)} method; an environment implements "
+            "reset(row, seed) and step(action) (see relax_hpc.rollout.envs.base.Environment)"
+        )
+    try:
+        inspect.signature(cls).bind(EnvRuntime())
+    except (TypeError, ValueError):
+        raise ValueError(
+            f"{FIELD}: {spec} cannot be built as {cls.__name__}(runtime); its __init__ must "
+            "take one argument, the EnvRuntime"
+        ) from None
+    parse = getattr(cls, "parse_options", None)
+    if parse is not None:
+        parse(dict(options or {}))
+    elif options:
+        raise ValueError(
+            f"rollout.environment_options: {spec} takes no options (it has no parse_options)"
+        )
+    return cls
+
+
+def _import_class(path: str, spec: str) -> type:
+    module_name, sep, class_name = path.partition(":")
+    if not sep or not module_name or not class_name:
+        raise ValueError(
+            f"{FIELD}: {spec!r} is not a built-in environment "
+            f"({', '.join(sorted(BUILTIN_ENVIRONMENTS))}); user environments are written as "
+            "package.module:Class"
+        )
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as error:
+        raise ValueError(
+            f"{FIELD}: cannot import {module_name!r} ({error}); make it importable on the "
+            "rollout nodes (e.g. PYTHONPATH in cluster.setup)"
+        ) from None
+    cls = getattr(module, class_name, None)
+    if not isinstance(cls, type):
+        raise ValueError(f"{FIELD}: {module_name} has no class {class_name!r}")
+    return cls

@@ -1,0 +1,72 @@
+"""Reward names: the one place where ``rollout.reward`` resolves to a function.
+
+A name is a built-in (``REWARDS``) or, as the one extension point for user code,
+``"package.module:function"`` (importable where the job runs, e.g. via ``PYTHONPATH`` in
+``cluster.setup``). ``submit`` resolves the name before anything is submitted; the rollout
+resolves it again in its reward process.
+
+Must not: import torch, the engines or the trainer.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+
+from relax_hpc.rollout.rewards.builtin import (
+    boxed_math_reward,
+    dapo_math_reward,
+    exact_match,
+    format_reward,
+    geo3k_reward,
+    math_reward,
+    multiple_choice_reward,
+)
+from relax_hpc.rollout.rewards.result import RewardFn
+
+REWARDS: dict[str, RewardFn] = {
+    "exact_match": exact_match,
+    "math": math_reward,
+    "boxed_math": boxed_math_reward,
+    "dapo_math": dapo_math_reward,
+    "multiple_choice": multiple_choice_reward,
+    "geo3k": geo3k_reward,
+    "format": format_reward,
+}
+
+
+class RewardNameError(ValueError):
+    """``rollout.reward`` names nothing that can be called; the message says the fix."""
+
+
+def reward_names() -> tuple[str, ...]:
+    return tuple(REWARDS)
+
+
+@functools.cache
+def resolve_reward(spec: str) -> RewardFn:
+    """A registry name or ``module:function``; ``RewardNameError`` naming ``rollout.reward``."""
+    if spec in REWARDS:
+        return REWARDS[spec]
+    if ":" not in spec:
+        raise RewardNameError(
+            f"rollout.reward: {spec!r} is not a built-in reward (known: {', '.join(REWARDS)}); "
+            "use one of them, or your own function as module:function"
+        )
+    module_name, _, function_name = spec.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as error:  # ImportError, or the module itself failing as it loads
+        raise RewardNameError(
+            f"rollout.reward: cannot import {module_name!r} for {spec!r} "
+            f"({type(error).__name__}: {error}); make the "
+            "module importable where the job runs (e.g. PYTHONPATH in cluster.setup) or fix "
+            "the name"
+        ) from None
+    function = getattr(module, function_name, None)
+    if not callable(function):
+        raise RewardNameError(
+            f"rollout.reward: {module_name} has no function {function_name!r}; fix the name "
+            f"after the colon in {spec!r}"
+        )
+    return function

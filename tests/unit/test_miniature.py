@@ -1,0 +1,60 @@
+"""``miniaturize``: a pure function from an experiment to its CPU miniature."""
+
+from __future__ import annotations
+
+import pytest
+
+from relax_hpc.config import ConfigError, validate_run_config
+from relax_hpc.config.compose import compose_run_config
+from relax_hpc.data.datasets import build_dataset
+from relax_hpc.launch.examples import experiment_names
+from relax_hpc.miniature import TINY_ARCHITECTURES, miniaturize, write_miniature_data
+from relax_hpc.models.tokenizer import build_char_tokenizer
+from relax_hpc.resolve import resolve_names
+
+MULTIMODAL = {"grpo_qwen3_vl", "grpo_qwen3_omni"}
+
+
+@pytest.mark.parametrize("name", sorted(set(experiment_names()) - MULTIMODAL))
+def test_a_miniature_is_a_valid_cpu_run_of_the_same_recipe(name, tmp_path):
+    recipe = compose_run_config([f"+experiment={name}"])
+    cfg = miniaturize(compose_run_config([f"+experiment={name}", "+preset=miniature"]), tmp_path)
+    assert cfg.miniature and not recipe.miniature
+    validate_run_config(cfg)
+    resolve_names(cfg)
+    assert (cfg.trainer.backend, cfg.trainer.gpus_per_node, cfg.trainer.total_steps) == (
+        "torch",
+        0,
+        2,
+    )
+    assert (cfg.rollout.backend, cfg.rollout.gpus_per_node) == ("transformers", 0)
+    assert (cfg.cluster.kind, cfg.cluster.max_restarts) == ("local", 0)
+    assert cfg.model.path is None and cfg.model.arch == TINY_ARCHITECTURES[cfg.model.architecture]
+    assert cfg.model.architecture == recipe.model.architecture
+    assert (cfg.rollout.reward, cfg.algo, cfg.mode, cfg.max_staleness) == (
+        recipe.rollout.reward,
+        recipe.algo,
+        recipe.mode,
+        recipe.max_staleness,
+    )
+    assert cfg.observe.alerts.events == []  # a smoke test pages nobody
+    # The few rows it writes are read by its data config, in the recipe's schema.
+    written = write_miniature_data(cfg)
+    assert all(path.parent == tmp_path for path in written)
+    train = build_dataset(cfg.data, build_char_tokenizer())
+    assert len(train) >= cfg.rollout.prompts_per_step
+    assert all(record.answer for record in train)
+    assert write_miniature_data(cfg) == []  # a resumed miniature keeps its rows
+
+
+@pytest.mark.parametrize("name", sorted(MULTIMODAL))
+def test_a_multimodal_miniature_is_refused_with_the_reason(name, tmp_path):
+    with pytest.raises(ConfigError) as err:
+        miniaturize(compose_run_config([f"+experiment={name}"]), tmp_path)
+    assert err.value.field == "model.modality" and "cannot run yet" in str(err.value)
+
+
+def test_a_family_without_a_tiny_model_is_named(tmp_path):
+    cfg = compose_run_config(["+experiment=grpo_qwen3", "model.architecture=LlamaForCausalLM"])
+    with pytest.raises(ConfigError, match="no tiny model of LlamaForCausalLM"):
+        miniaturize(cfg, tmp_path)

@@ -1,0 +1,159 @@
+"""Every name a config refers to resolves before anything is submitted."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from relax_hpc import submit
+from relax_hpc.config import ConfigError, load_run_config, validate_run_config
+from relax_hpc.config.compose import compose_run_config
+from relax_hpc.launch.examples import experiment_names
+from relax_hpc.resolve import (
+    ROLLOUT_BACKEND_LIBRARIES,
+    check_backend_libraries,
+    check_modality,
+    resolve_names,
+)
+from relax_hpc.rollout.rewards import REWARDS
+
+
+@pytest.mark.parametrize("name", experiment_names())
+def test_every_shipped_experiment_resolves_every_name(name):
+    cfg = compose_run_config([f"+experiment={name}"])
+    validate_run_config(cfg, check_paths=False)
+    resolve_names(cfg, check_paths=False)
+    assert cfg.rollout.reward in REWARDS  # the shipped recipes use built-in rewards
+
+
+def write_jsonl(path: Path, rows: list[dict]) -> Path:
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return path
+
+
+FILES = ["data.kind=jsonl", "data.path={tmp}/rows.jsonl", "data.eval_path={tmp}/rows.jsonl"]
+# id -> (overrides with {tmp} for the test's folder, the field named, a phrase of the fix)
+BAD_NAMES = {
+    "unknown-reward": (["rollout.reward=dapo"], "rollout.reward", "dapo_math"),
+    "missing-plugin-module": (
+        ["rollout.reward=lab_rewards_absent:score"],
+        "rollout.reward",
+        "cannot import 'lab_rewards_absent'",
+    ),
+    "missing-plugin-function": (
+        ["rollout.reward=lab_rewards:scroe"],
+        "rollout.reward",
+        "no function 'scroe'",
+    ),
+    "misspelled-data-key-in-the-config": (["data.promt_key=q"], "data.promt_key", "spelling"),
+    "data-key-absent-from-the-file": (
+        [*FILES, "data.answer_key=solution"],
+        "data.answer_key",
+        "columns: answer, prompt",
+    ),
+    "key-the-schema-does-not-have": (
+        ["data=dapo_math", "data.answer_key=answer", *FILES],
+        "data.answer_key",
+        "reward_model.ground_truth",
+    ),
+    "unknown-schema": (["data.schema=dapo"], "data.schema", "dapo_math"),
+    "evaluation-without-held-out-data": (
+        ["data.kind=jsonl", "data.path={tmp}/rows.jsonl"],
+        "rollout.eval_interval_steps",
+        "data.eval_path",
+    ),
+    "unknown-architecture": (
+        ["model.architecture=Qwen3ForCasualLM"],
+        "model.architecture",
+        "Qwen3ForCausalLM",
+    ),
+    "interpreter-that-is-not-there": (
+        ["cluster.python={tmp}/venv/bin/python"],
+        "cluster.python",
+        "leave cluster.python unset",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_NAMES))
+def test_a_name_that_resolves_to_nothing_exits_2_before_anything_is_created(
+    case, tmp_path, monkeypatch, capsys
+):
+    write_jsonl(tmp_path / "rows.jsonl", [{"prompt": "1+1=", "answer": "2"}])
+    (tmp_path / "lab_rewards.py").write_text(
+        "def score(completion, answer, metadata):\n    return 1\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    overrides, field, fix = BAD_NAMES[case]
+    run_dir = tmp_path / "run"
+    argv = ["+experiment=grpo_tiny", "cluster=local", f"run_dir={run_dir}"]
+    argv += [override.format(tmp=tmp_path) for override in overrides]
+    assert submit.run(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1, err
+    assert err[0].startswith(f"relax_hpc: config error: {field}")
+    assert fix in err[0]
+    assert not run_dir.exists()  # nothing written, nothing submitted
+
+
+def test_a_user_reward_is_imported_at_submission(tmp_path, monkeypatch):
+    (tmp_path / "lab_rewards_ok.py").write_text("def score(c, a, m):\n    return 1.0\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    cfg = compose_run_config(["+experiment=grpo_tiny", "rollout.reward=lab_rewards_ok:score"])
+    resolve_names(cfg)
+    assert "lab_rewards_ok" in sys.modules
+
+
+def test_a_backend_whose_library_the_interpreter_lacks_is_refused(monkeypatch):
+    cfg = compose_run_config(["+experiment=grpo_qwen3", f"cluster.python={sys.executable}"])
+    monkeypatch.setitem(ROLLOUT_BACKEND_LIBRARIES, "sglang", "relax_hpc_no_such_library")
+    with pytest.raises(ConfigError) as err:
+        check_backend_libraries(cfg)
+    assert err.value.field == "rollout.backend" and ".[gpu]" in str(err.value)
+    other = compose_run_config(["+experiment=grpo_qwen3", "cluster.python=/opt/other/python"])
+    check_backend_libraries(other)  # another interpreter: nothing known here, nothing refused
+
+
+def test_a_folder_whose_config_names_another_architecture_is_refused(transformers5_folder):
+    folder, _, _ = transformers5_folder
+    cfg = compose_run_config(
+        ["+experiment=grpo_tiny", f"model.path={folder}", "model.tokenizer=auto"]
+    )
+    resolve_names(cfg, check_paths=True)
+    moe = compose_run_config(
+        ["+experiment=grpo_tiny", f"model.path={folder}", "model.architecture=Qwen3MoeForCausalLM"]
+    )
+    with pytest.raises(ConfigError, match="set model.architecture=Qwen3ForCausalLM"):
+        resolve_names(moe, check_paths=True)
+
+
+@pytest.mark.parametrize("name", ["grpo_qwen3_vl", "grpo_qwen3_omni"])
+def test_multimodal_experiments_render_but_do_not_run_yet(name):
+    cfg = compose_run_config([f"+experiment={name}"])
+    resolve_names(cfg, check_paths=False)  # dry_run renders them
+    with pytest.raises(ConfigError) as err:
+        check_modality(cfg.model)
+    assert err.value.field == "model.modality" and "cannot run yet" in str(err.value)
+
+
+def test_the_submitting_interpreter_runs_the_job_unless_overridden(tmp_path):
+    run_dir = tmp_path / "run"
+    assert submit.run(["+experiment=grpo_tiny", f"run_dir={run_dir}", "prepare_only=true"]) == 0
+    assert load_run_config(run_dir / "config.yaml").cluster.python == sys.executable
+    assert f"{sys.executable} -u -m relax_hpc.component" in (run_dir / "job.sbatch").read_text()
+    other = tmp_path / "other"
+    argv = ["+experiment=grpo_tiny", f"run_dir={other}", "prepare_only=true"]
+    assert submit.run([*argv, "cluster.python=python3"]) == 0  # looked up on PATH in the job
+    assert load_run_config(other / "config.yaml").cluster.python == "python3"
+
+
+def test_megatron_runs_only_the_architectures_its_mapping_covers():
+    from relax_hpc.resolve import check_megatron_architecture
+
+    check_megatron_architecture(compose_run_config(["+experiment=grpo_qwen3_moe"]))
+    llama = compose_run_config(["+experiment=grpo_qwen3", "model.architecture=LlamaForCausalLM"])
+    with pytest.raises(ConfigError, match="use trainer.backend=torch"):
+        check_megatron_architecture(llama)
