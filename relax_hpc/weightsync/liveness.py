@@ -47,11 +47,16 @@ class _Pending:
 
 
 class LivenessMonitor:
-    """The trainer's end: accepts engines' connections and tells which members died."""
+    """The trainer's end: accepts engines' connections and tells which members died.
+
+    Listens on ``host`` (the trainer's advertised address), a free port; raises ``OSError``
+    when it cannot (the sender then runs without it, on timeouts alone).
+    """
 
     def __init__(self, host: str, token: str) -> None:
         self._token = token
-        self._listener = socket.create_server((host, 0), backlog=MAX_PENDING)
+        family = socket.getaddrinfo(host, 0, type=socket.SOCK_STREAM)[0][0]
+        self._listener = socket.create_server((host, 0), family=family, backlog=MAX_PENDING)
         self._listener.setblocking(False)
         self._selector = selectors.DefaultSelector()
         self._selector.register(self._listener, selectors.EVENT_READ, None)

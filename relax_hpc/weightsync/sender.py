@@ -127,7 +127,7 @@ class WeightSender:
         self._store = open_store(host, self.config.port, True, self.config.timeout_s)
         self._token = rendezvous.existing_token(self.paths) or rendezvous.new_token()
         self._instance = rendezvous.new_nonce()
-        self._liveness = LivenessMonitor(host, self._token)
+        self._liveness = self._start_liveness(host)
         self._admission = Admission(
             self.paths, self._store, self._token, self._instance, self._liveness
         )
@@ -138,11 +138,23 @@ class WeightSender:
             self._instance,
             os.getpid(),
             self.attempt,
-            self._liveness.port,
+            self._liveness.port if self._liveness else 0,
         )
         rendezvous.publish_trainer_endpoint(self.paths, endpoint)
         log.info("weightsync: trainer store at %s:%d (%s)", host, endpoint.port, self.backend)
         return endpoint
+
+    def _start_liveness(self, host: str) -> LivenessMonitor | None:
+        try:
+            return LivenessMonitor(host, self._token)
+        except OSError as error:
+            log.warning(
+                "weightsync: no liveness port on %s (%s): a dead engine is then noticed only "
+                "through timeouts (weightsync.timeout_s)",
+                host,
+                error,
+            )
+            return None
 
     def close(self) -> None:
         if self._group is not None:
