@@ -11,11 +11,15 @@
   evaluates;
 - ``cluster=local`` with no restarts (a fault shows at once), weights over buckets (Gloo);
 - no alerts: a smoke test on a laptop does not page the team's channel (the run watcher
-  still runs and keeps the cost ledger).
+  still runs and keeps the cost ledger);
+- judge: a tiny model of the judge's family on the rollout's engine (transformers), not
+  warm-started: its verdicts are noise (mostly *failed*, with the reason) but every sample
+  goes through the recipe's template, verdict parser and composition.
 
-What the miniature checks stays the recipe's own: reward, algorithm, mode and staleness,
-data schema and keys, chat template setting. Families whose modality the CPU path cannot
-carry yet (vision, omni) are refused with a ``ConfigError`` that says so.
+What the miniature checks stays the recipe's own: reward (and its weights, judge template
+and verdict), algorithm, mode and staleness, data schema and keys, chat template setting.
+Families whose modality the CPU path cannot carry yet (vision, omni) are refused with a
+``ConfigError`` that says so.
 
 Must not: import torch or transformers (submit applies it right after composition).
 """
@@ -81,6 +85,12 @@ def miniaturize(cfg: RunConfig, data_dir: Path) -> RunConfig:
             "model.teacher_path",
             "a miniature builds no tiny teacher yet; run on-policy distillation at full size",
         )
+    if cfg.rewards.reward_models:
+        raise ConfigError(
+            "rewards.reward_models",
+            "a miniature builds no tiny reward model yet; run the recipe at full size or "
+            "without its reward models",
+        )
     return replace(
         cfg,
         model=_tiny_model(cfg),
@@ -91,6 +101,37 @@ def miniaturize(cfg: RunConfig, data_dir: Path) -> RunConfig:
         weightsync=replace(cfg.weightsync, transport="buckets", backend="auto"),
         spool=replace(cfg.spool, poll_s=min(cfg.spool.poll_s, SPOOL_POLL_S)),
         observe=replace(cfg.observe, alerts=replace(cfg.observe.alerts, events=[])),
+        judge=_tiny_judge(cfg),
+    )
+
+
+def _tiny_judge(cfg: RunConfig):
+    judge = cfg.judge
+    if judge is None:
+        return None
+    architecture = judge.model.architecture
+    if architecture not in TINY_ARCHITECTURES:
+        raise ConfigError(
+            "judge.model.architecture",
+            f"no tiny model of {architecture} is defined for a miniature (known: "
+            f"{', '.join(TINY_ARCHITECTURES)}); add one to relax_hpc/miniature.py",
+        )
+    return replace(
+        judge,
+        model=replace(
+            judge.model,
+            path=None,
+            arch=dict(TINY_ARCHITECTURES[architecture]),
+            tokenizer="char",
+            dtype="float32",
+        ),
+        warm_start="none",
+        placement="rollout",
+        backend="transformers",
+        gpus_per_node=0,
+        engine_tensor_parallel=1,
+        max_new_tokens=min(judge.max_new_tokens, MAX_NEW_TOKENS),
+        torch_threads=1,
     )
 
 
@@ -174,9 +215,10 @@ def describe_miniature(cfg: RunConfig) -> str:
         data = f"{TRAIN_ROWS} rows of {cfg.data.schema} data"
     else:
         data = f"the built-in {cfg.data.kind} task"
+    judge = f", a tiny {cfg.judge.model.architecture} judge" if cfg.judge is not None else ""
     return (
         f"MINIATURE run of {cfg.name} (+preset=miniature): a tiny {cfg.model.architecture} "
-        f"built from config, the torch trainer and the transformers engine on CPU, {data}, "
+        f"built from config{judge}, the torch trainer and the transformers engine on CPU, {data}, "
         f"{cfg.trainer.total_steps} steps, cluster=local. It checks the configuration and the "
         "plumbing, not the recipe's results."
     )

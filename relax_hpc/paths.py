@@ -137,6 +137,10 @@ class RunPaths:
     def alert_urls_file(self) -> Path:
         return self.secrets_dir / "alert_urls"
 
+    def endpoint_token_file(self, name: str) -> Path:
+        """Mode 0600: the token of reward endpoint ``name`` when it was given in the config."""
+        return self.secrets_dir / f"endpoint-{name}.token"
+
     @property
     def alert_state(self) -> Path:
         """What the alert rate limiter and the run watcher have already sent."""
@@ -177,8 +181,21 @@ class RunPaths:
 
     @property
     def rendezvous_dir(self) -> Path:
-        """Weight-sync rendezvous files; inner layout belongs to ``relax_hpc.weightsync``."""
+        """Weight-sync rendezvous files (inner layout: ``relax_hpc.weightsync``), and the
+        judge's addresses (``judge/``)."""
         return self.root / "rendezvous"
+
+    @property
+    def judge_rendezvous_dir(self) -> Path:
+        """One ``<rank>.json`` (0600: address and token) per judge server that is up."""
+        return self.rendezvous_dir / "judge"
+
+    def judge_address_file(self, rank: int) -> Path:
+        return self.judge_rendezvous_dir / f"{rank}.json"
+
+    def judge_status(self, rank: int) -> Path:
+        """What judge server ``rank`` has served (requests, samples, cache hits)."""
+        return self.status_dir / f"judge-{rank}.json"
 
     @property
     def weights_dir(self) -> Path:

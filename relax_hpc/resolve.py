@@ -5,7 +5,9 @@ this module checks that each *name* stands for something that exists where the j
 
 | field | resolves to |
 |---|---|
-| ``rollout.reward`` | a built-in reward or ``module:function`` (the module is imported) |
+| ``rollout.reward``, ``rewards.*`` | each reward part: ``judge`` (a judge is configured), a reward model or endpoint of ``rewards``, a built-in reward or ``module:function`` (imported) |
+| ``judge.template``, ``judge.verdict`` | a built-in template or text with ``{response}``; a verdict parser |
+| ``judge.model.*``, ``rewards.reward_models.*.path`` | a judge class and folder that load; a score head with the label* |
 | ``algo.*`` | the estimator and loss functions (``relax_hpc.algo.resolve``) |
 | ``data.schema``, ``data.*_key`` | a published schema and its keys; the data file's columns* |
 | ``rollout.eval_interval_steps`` | a held-out split (``data.eval_path``) for file datasets |
@@ -33,6 +35,7 @@ import sys
 from pathlib import Path
 
 from relax_hpc.config import ConfigError, DataConfig, ModelConfig, RunConfig
+from relax_hpc.config.rewards import COMPOSITE
 from relax_hpc.data.schemas import SCHEMAS
 
 # Backend name -> the library the job's interpreter must be able to import.
@@ -47,10 +50,11 @@ MEGATRON_ARCHITECTURES = ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM")
 
 def resolve_names(cfg: RunConfig, check_paths: bool = False) -> None:
     """Raise ``ConfigError`` for the first name in ``cfg`` that resolves to nothing."""
-    resolve_reward_name(cfg.rollout.reward)
+    resolve_reward_parts(cfg)
     resolve_algorithm(cfg)
     resolve_data(cfg, check_paths)
     resolve_model(cfg.model, check_paths)
+    resolve_reward_services(cfg, check_paths)
     if check_paths:
         check_modality(cfg.model)
         check_megatron_architecture(cfg)
@@ -59,12 +63,64 @@ def resolve_names(cfg: RunConfig, check_paths: bool = False) -> None:
 
 
 def resolve_reward_name(spec: str) -> None:
+    """A rule reward's name (``rollout.reward`` of a run without services)."""
     from relax_hpc.rollout.rewards.registry import RewardNameError, resolve_reward
 
     try:
         resolve_reward(spec)
     except RewardNameError as err:
         raise ConfigError("rollout.reward", str(err)) from None
+
+
+def reward_part_fields(cfg: RunConfig) -> dict[str, str]:
+    """Every reward part name the config holds -> the field that holds it."""
+    rewards = cfg.rewards
+    fields = {} if cfg.rollout.reward == COMPOSITE else {cfg.rollout.reward: "rollout.reward"}
+    for name in rewards.weights:
+        fields.setdefault(name, "rewards.weights")
+    for source, table in rewards.weights_by_source.items():
+        for name in table:
+            fields.setdefault(name, f"rewards.weights_by_source.{source}")
+    for field in ("agreement_with", "eval_reward"):
+        name = getattr(rewards, field)
+        if name:
+            fields.setdefault(name, f"rewards.{field}")
+    return fields
+
+
+def resolve_reward_parts(cfg: RunConfig) -> None:
+    from relax_hpc.rollout.rewards.registry import RewardNameError, part_kind
+
+    for name, field in reward_part_fields(cfg).items():
+        try:
+            part_kind(name, cfg.rewards, cfg.judge is not None, field)
+        except RewardNameError as err:
+            raise ConfigError(field, str(err)) from None
+
+
+def resolve_reward_services(cfg: RunConfig, check_paths: bool) -> None:
+    """The judge's template, verdict and model; with ``check_paths``, the folders load."""
+    if cfg.judge is not None:
+        from relax_hpc.rollout.rewards.verdicts import TemplateError, template_text
+
+        try:
+            template_text(cfg.judge.template)
+        except TemplateError as err:
+            raise ConfigError("judge.template", str(err)) from None
+        resolve_model(cfg.judge.model, check_paths, prefix="judge.model")
+    if not check_paths:
+        return
+    from relax_hpc.models.hf_folder import load_model_config
+
+    for name, rm in cfg.rewards.reward_models.items():
+        field = f"rewards.reward_models.{name}.path"
+        labels = getattr(load_model_config(rm.path, field), "num_labels", 0)
+        if labels <= rm.label:
+            raise ConfigError(
+                field,
+                f"{rm.path} has a score head of {labels} output(s), so label {rm.label} does "
+                f"not exist; set rewards.reward_models.{name}.label",
+            )
 
 
 def resolve_algorithm(cfg: RunConfig) -> None:
@@ -164,12 +220,12 @@ def _first_row_columns(path: Path, kind: str) -> set[str]:
     return set()
 
 
-def resolve_model(model: ModelConfig, check_paths: bool) -> None:
+def resolve_model(model: ModelConfig, check_paths: bool, prefix: str = "model") -> None:
     import transformers
 
     if model.architecture not in dir(transformers):  # the lazy module lists every class
         raise ConfigError(
-            "model.architecture",
+            f"{prefix}.architecture",
             f"{model.architecture!r} is not a model class of transformers "
             f"{transformers.__version__}; use the class named in the model's config.json "
             "(e.g. Qwen3ForCausalLM, Qwen3MoeForCausalLM)",
@@ -179,20 +235,20 @@ def resolve_model(model: ModelConfig, check_paths: bool) -> None:
     from relax_hpc.models.hf_folder import load_model_config, load_tokenizer
 
     if model.path:
-        architectures = load_model_config(model.path).architectures or []
+        architectures = load_model_config(model.path, f"{prefix}.path").architectures or []
         if architectures and model.architecture not in architectures:
             raise ConfigError(
-                "model.architecture",
+                f"{prefix}.architecture",
                 f"{model.path}/config.json names {', '.join(architectures)}, not "
-                f"{model.architecture}; set model.architecture={architectures[0]}",
+                f"{model.architecture}; set {prefix}.architecture={architectures[0]}",
             )
     for field in ("reference_path", "teacher_path", "critic_path"):
         if getattr(model, field):
-            load_model_config(getattr(model, field), f"model.{field}")
+            load_model_config(getattr(model, field), f"{prefix}.{field}")
     if model.tokenizer == "auto" and model.path:
-        load_tokenizer(model.path, "model.path")
+        load_tokenizer(model.path, f"{prefix}.path")
     elif model.tokenizer not in ("auto", "char"):
-        load_tokenizer(model.tokenizer, "model.tokenizer")
+        load_tokenizer(model.tokenizer, f"{prefix}.tokenizer")
 
 
 def check_modality(model: ModelConfig) -> None:

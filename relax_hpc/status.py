@@ -61,6 +61,40 @@ def trainer_lines(paths: RunPaths) -> list[str]:
     return lines
 
 
+def reward_lines(paths: RunPaths) -> list[str]:
+    """Reward services: failed samples and retries per part (rollout workers' last report),
+    and what each judge server has served."""
+    lines = []
+    totals: dict[str, float] = {}
+    for path in sorted(paths.status_dir.glob("rollout-*.json")):
+        metrics = (_read(path) or {}).get("metrics", {})
+        for key, value in metrics.items():
+            if key.startswith("rewards/") and key.endswith("_total"):
+                totals[key] = totals.get(key, 0.0) + value
+    parts = sorted({key.split("/")[1] for key in totals})
+    for part in parts:
+        figures = {
+            key.split("/")[-1].removesuffix("_total"): v
+            for key, v in totals.items()
+            if key.split("/")[1] == part
+        }
+        lines.append(
+            f"rewards: {part} failed {figures.get('failed', 0):.0f} of "
+            f"{figures.get('samples', 0):.0f} samples, {figures.get('retries', 0):.0f} retries, "
+            f"circuit opened {figures.get('circuit_opened', 0):.0f}x, waited "
+            f"{figures.get('wait_s', 0):.0f} s"
+        )
+    for path in sorted(paths.status_dir.glob("judge-*.json")):
+        judge = _read(path) or {}
+        age = time.time() - judge.get("time", time.time())
+        lines.append(
+            f"judge {path.stem.removeprefix('judge-')}: {judge.get('scored', 0)} samples judged "
+            f"({judge.get('samples_per_s', 0):.0f}/s), {judge.get('refused', 0)} requests refused, "
+            f"last report {age:.0f} s ago"
+        )
+    return lines
+
+
 def other_lines(paths: RunPaths) -> list[str]:
     lines = []
     info = latest_checkpoint(paths)
@@ -107,6 +141,7 @@ def status_lines(run_dir: Path) -> list[str]:
         *job_lines(paths),
         *attempt_lines(paths),
         *trainer_lines(paths),
+        *reward_lines(paths),
         *other_lines(paths),
     ]
 

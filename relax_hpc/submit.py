@@ -29,6 +29,7 @@ from relax_hpc.miniature import describe_miniature, miniaturize, write_miniature
 from relax_hpc.observe.alerts import move_urls_to_secrets
 from relax_hpc.paths import RunPaths, atomic_write_text
 from relax_hpc.resolve import resolve_names
+from relax_hpc.rollout.rewards.credentials import move_endpoint_tokens_to_secrets
 
 USAGE = """\
 usage: python -m relax_hpc.submit [+experiment=NAME] [key=value ...]
@@ -126,6 +127,7 @@ def write_run_directory(cfg: RunConfig, run_dir: Path, plan: JobPlan, script: st
             prepare_only=False,
             relayout=False,
             observe=replace(cfg.observe, alerts=alerts),
+            rewards=move_endpoint_tokens_to_secrets(cfg.rewards, paths),
         )
         write_resolved_config(stored, paths.resolved_config)
     elif cfg.relayout:  # the stored config with the new trainer resources (prepare)

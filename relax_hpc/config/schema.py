@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from relax_hpc.algo.config import AlgoConfig
+from relax_hpc.config.rewards import ClientConfig, RewardsConfig
 from relax_hpc.spool.config import SpoolConfig
 from relax_hpc.weightsync.config import WeightSyncConfig
 
@@ -27,6 +28,11 @@ TRAINER_BACKENDS = ("torch", "megatron")
 # How Megatron's distributed optimizer writes checkpoints (trainer/megatron_layout.py).
 MEGATRON_CHECKPOINT_FORMATS = ("dp_reshardable", "fully_reshardable")
 ROLLOUT_BACKENDS = ("transformers", "sglang")
+# rollout: the judge's engine runs in each rollout worker, on its devices | component: the
+# judge is a component of its own (own nodes), reached over HTTP through the run directory
+JUDGE_PLACEMENTS = ("rollout", "component")
+JUDGE_WARM_STARTS = ("none", "addition_verifier")
+JUDGE_VERDICTS = ("yes_no", "score", "letter")
 DATA_KINDS = ("jsonl", "parquet", "synthetic_addition")
 CLUSTER_KINDS = ("local", "slurm", "auto")
 RESUME_CHOICES = ("auto", "never")
@@ -110,6 +116,42 @@ class RolloutConfig:
     engine_mem_fraction: float = 0.85  # sglang: static memory fraction of each GPU
     eval_interval_steps: int = 10  # greedy held-out eval every N policy versions (0 = off)
     torch_threads: int = 1
+
+
+@dataclass
+class JudgeConfig:
+    """A generative reward model (an LLM judge): a frozen model whose verdict is the reward.
+
+    Its weights are never synced (it is not the policy). It reads ``template`` filled with
+    the prompt, the response, the reference answer and the row's columns, answers greedily
+    in at most ``max_new_tokens``, and ``verdict`` turns the answer into a score:
+    ``yes_no`` (1 / 0), ``score`` (a number in ``score_range``, mapped to 0..1), ``letter``
+    (``letter_scores``). An answer it cannot parse scores 0 as failed, with the reason.
+    """
+
+    model: ModelConfig = field(default_factory=ModelConfig)
+    # addition_verifier: train a built-in model (judge.model.arch) to verify additions
+    # first, cached like the policy's warm start (relax_hpc/models/verifier_warmstart.py)
+    warm_start: str = "none"
+    placement: str = "rollout"  # rollout | component (see JUDGE_PLACEMENTS)
+    backend: str = "transformers"  # transformers (CPU or one GPU) | sglang (GPU)
+    template: str = "correctness"  # a built-in template name, or text with {response}
+    apply_chat_template: bool = True  # wrap the filled template as a user message
+    verdict: str = "yes_no"  # yes_no | score | letter
+    score_range: list[float] = field(default_factory=lambda: [0.0, 10.0])
+    letter_scores: dict[str, float] = field(default_factory=lambda: {"A": 1.0, "B": 0.0})
+    max_new_tokens: int = 16
+    batch_size: int = 64  # judge prompts per forward batch
+    # Resources of the judge's own component (placement=component), and of its engine
+    nodes: int = 1
+    gpus_per_node: int = 0
+    cpus_per_task: int = 2
+    mem_gb: int = 8
+    engine_tensor_parallel: int = 1
+    engine_mem_fraction: float = 0.25  # sglang; beside the policy's engine it shares the GPU
+    torch_threads: int = 1
+    # The rollout's client of a judge in its own component
+    client: ClientConfig = field(default_factory=ClientConfig)
 
 
 @dataclass
@@ -223,3 +265,7 @@ class RunConfig:
     spool: SpoolConfig = field(default_factory=SpoolConfig)
     weightsync: WeightSyncConfig = field(default_factory=WeightSyncConfig)
     observe: ObserveConfig = field(default_factory=ObserveConfig)
+    # Reward composition, reward models and remote endpoints (config/rewards.py), and the
+    # judge (null: none; configs/judge/ has the shipped ones)
+    rewards: RewardsConfig = field(default_factory=RewardsConfig)
+    judge: JudgeConfig | None = None

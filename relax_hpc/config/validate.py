@@ -25,6 +25,7 @@ from relax_hpc.config.schema import (
     RunConfig,
     TrainerConfig,
 )
+from relax_hpc.config.validate_rewards import check_rewards, judge_paths
 
 
 def validate_run_config(cfg: RunConfig, check_paths: bool = False) -> None:
@@ -43,6 +44,7 @@ def validate_run_config(cfg: RunConfig, check_paths: bool = False) -> None:
     _check_batch_shape(cfg)
     _check_cluster(cfg)
     _check_data(cfg)
+    check_rewards(cfg)
     if check_paths:
         check_paths_exist(cfg)
 
@@ -341,6 +343,7 @@ def check_paths_exist(cfg: RunConfig) -> None:
     }
     if cfg.model.tokenizer not in ("auto", "char"):
         candidates["model.tokenizer"] = cfg.model.tokenizer
+    candidates.update(judge_paths(cfg))
     for name, value in candidates.items():
         if value and not Path(value).expanduser().exists():
             raise ConfigError(name, f"{value} does not exist; fix the path or override {name}=")

@@ -51,6 +51,45 @@ def sloppy_answer(a: int, b: int, forget_carry_prob: float, rng: random.Random) 
     return "".join(digits) or "0"
 
 
+# The wrong answers a verifier (the judge of grpo_tiny_judge) is trained to reject: what a
+# weak policy writes. ``sloppy`` forgets carries, ``digit`` changes one digit, ``length``
+# drops or adds a digit, ``reversed`` writes the sum most-significant digit first.
+CANDIDATE_MISTAKES = ("sloppy", "digit", "length", "reversed", "random")
+
+
+def wrong_candidate(a: int, b: int, mistake: str, rng: random.Random) -> str:
+    """A plausible wrong answer to ``a+b`` (may equal the right one; callers retry)."""
+    truth = lsd_first(a + b)
+    if mistake == "sloppy":
+        return sloppy_answer(a, b, 1.0, rng)
+    if mistake == "digit":
+        position = rng.randrange(len(truth))
+        return truth[:position] + str(rng.randrange(10)) + truth[position + 1 :]
+    if mistake == "length":
+        if len(truth) > 1 and rng.random() < 0.5:
+            position = rng.randrange(len(truth))
+            return truth[:position] + truth[position + 1 :]
+        return truth + str(rng.randrange(10))
+    if mistake == "reversed":
+        return truth[::-1]
+    if mistake == "random":
+        return str(rng.randrange(10 ** rng.randint(1, len(truth) + 1)))
+    raise ValueError(f"unknown mistake {mistake!r}; known: {', '.join(CANDIDATE_MISTAKES)}")
+
+
+def verification_candidate(
+    a: int, b: int, rng: random.Random, correct_share: float = 0.5
+) -> tuple[str, bool]:
+    """A candidate answer to ``a+b`` and whether it is right: the verifier's training row."""
+    truth = lsd_first(a + b)
+    if rng.random() < correct_share:
+        return truth, True
+    while True:
+        candidate = wrong_candidate(a, b, rng.choice(CANDIDATE_MISTAKES), rng)
+        if candidate != truth:
+            return candidate, False
+
+
 class AdditionSplit(Sequence[dict[str, Any]]):
     """One split as a lazy sequence of rows ``{"prompt", "answer", "a", "b"}``."""
 

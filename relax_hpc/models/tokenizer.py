@@ -12,6 +12,7 @@ Must not: download anything, or depend on a vocabulary file that is not built he
 from __future__ import annotations
 
 import string
+from collections.abc import Sequence
 
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors
 from transformers import PreTrainedTokenizerFast
@@ -58,16 +59,12 @@ def char_vocab() -> dict[str, int]:
 def build_char_tokenizer(model_max_length: int = 2048) -> PreTrainedTokenizerFast:
     """The character tokenizer; identical on every machine, no files needed."""
     vocab = char_vocab()
-    backend = Tokenizer(models.WordLevel(vocab=vocab, unk_token=UNK_TOKEN))
-    # Every character is its own pre-token; special tokens are matched before this runs.
-    backend.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
-    backend.decoder = decoders.Fuse()
-    backend.post_processor = processors.TemplateProcessing(
+    post_processor = processors.TemplateProcessing(
         single=f"{BOS_TOKEN} $A",
         pair=f"{BOS_TOKEN} $A $B",
         special_tokens=[(BOS_TOKEN, vocab[BOS_TOKEN])],
     )
-    backend.add_special_tokens(list(SPECIAL_TOKENS))
+    backend = char_level_backend(vocab, SPECIAL_TOKENS, UNK_TOKEN, post_processor)
     tokenizer = PreTrainedTokenizerFast(
         tokenizer_object=backend,
         pad_token=PAD_TOKEN,
@@ -82,3 +79,20 @@ def build_char_tokenizer(model_max_length: int = 2048) -> PreTrainedTokenizerFas
     )
     tokenizer.chat_template = CHAT_TEMPLATE
     return tokenizer
+
+
+def char_level_backend(
+    vocab: dict[str, int],
+    special_tokens: Sequence[str],
+    unk_token: str,
+    post_processor: processors.PostProcessor | None = None,
+) -> Tokenizer:
+    """A ``tokenizers`` WordLevel model over single characters plus ``special_tokens``."""
+    backend = Tokenizer(models.WordLevel(vocab=vocab, unk_token=unk_token))
+    # Every character is its own pre-token; special tokens are matched before this runs.
+    backend.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
+    backend.decoder = decoders.Fuse()
+    if post_processor is not None:
+        backend.post_processor = post_processor
+    backend.add_special_tokens(list(special_tokens))
+    return backend

@@ -27,9 +27,10 @@ import random
 import shutil
 import tempfile
 import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 from transformers import PreTrainedModel
@@ -41,6 +42,7 @@ from relax_hpc.models.build import build_causal_lm, build_tokenizer
 
 log = logging.getLogger(__name__)
 
+CACHE_DIR_ENV = "RELAX_HPC_CACHE_DIR"
 WARMSTART_VERSION = 2  # bump when the training recipe below changes
 METADATA_NAME = "warmstart.json"
 
@@ -68,6 +70,11 @@ class WarmStartConfig:
     seed: int = 0
 
 
+def default_cache_dir() -> Path:
+    """``$RELAX_HPC_CACHE_DIR``, else ``~/.cache/relax_hpc``: where warm starts are kept."""
+    return Path(os.environ.get(CACHE_DIR_ENV, Path.home() / ".cache" / "relax_hpc"))
+
+
 def warm_start(
     model_cfg: ModelConfig,
     data_cfg: DataConfig,
@@ -85,25 +92,42 @@ def warm_start(
         raise ValueError("the warm start builds its model from model.arch; set model.path=null")
     tokenizer = build_tokenizer(model_cfg)
     key_fields = cache_key_fields(model_cfg, data_cfg, cfg, split_seed, tokenizer)
+
+    def train() -> tuple[PreTrainedModel, PreTrainedTokenizerBase, float]:
+        task = AdditionTask(data_cfg.digits, data_cfg.eval_size, split_seed)
+        model = build_causal_lm(model_cfg, tokenizer, torch.float32, seed=cfg.seed)
+        return model, tokenizer, train_on_sloppy_teacher(model, tokenizer, task, cfg)
+
+    return cached_training(Path(cache_dir), "warmstart", key_fields, train)
+
+
+def cached_training(
+    cache_dir: Path,
+    prefix: str,
+    key_fields: dict[str, Any],
+    train: Callable[[], tuple[PreTrainedModel, Any, float]],
+    measure: Callable[[PreTrainedModel], dict[str, float]] | None = None,
+) -> Path:
+    """``cache_dir/<prefix>-<key>``, ``key`` a hash of ``key_fields``: the cached folder, or
+    the one ``train()`` makes (model, its tokenizer or processor (anything with
+    ``save_pretrained``), final loss), published atomically with ``warmstart.json``, which
+    also keeps what ``measure(model)`` found (e.g. a verifier's agreement)."""
     key = hashlib.sha256(json.dumps(key_fields, sort_keys=True).encode()).hexdigest()[:16]
-    folder = Path(cache_dir) / f"warmstart-{key}"
+    folder = cache_dir / f"{prefix}-{key}"
     if (folder / METADATA_NAME).is_file():
-        log.info("warm start: cached at %s", folder)
+        log.info("%s: cached at %s", prefix, folder)
         return folder
-    task = AdditionTask(data_cfg.digits, data_cfg.eval_size, split_seed)
-    model = build_causal_lm(model_cfg, tokenizer, torch.float32, seed=cfg.seed)
     started = time.monotonic()
-    final_loss = train_on_sloppy_teacher(model, tokenizer, task, cfg)
+    model, saver, final_loss = train()
     metadata = {
         "key": key,
         "inputs": key_fields,
         "final_loss": final_loss,
         "train_s": round(time.monotonic() - started, 2),
+        **(measure(model) if measure else {}),
     }
-    log.info(
-        "warm start: %d steps in %.1f s, loss %.4f", cfg.steps, metadata["train_s"], final_loss
-    )
-    return _publish(folder, model, tokenizer, metadata)
+    log.info("%s: trained in %.1f s, loss %.4f", prefix, metadata["train_s"], final_loss)
+    return _publish(folder, model, saver, metadata)
 
 
 def warm_started_model_config(model_cfg: ModelConfig, folder: str | Path) -> ModelConfig:
@@ -143,24 +167,51 @@ def train_on_sloppy_teacher(
     """Supervised training on teacher answers (loss on answer + EOS); returns the last loss."""
     generator = torch.Generator().manual_seed(cfg.seed)
     teacher_rng = random.Random(cfg.seed)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
-    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: _lr_factor(step, cfg))
-    model.train()
-    loss = torch.tensor(float("nan"))
-    for step in range(cfg.steps):
+
+    def next_batch() -> dict[str, torch.Tensor]:
         pairs = sample_operands(task, cfg.batch_size, generator)
         answers = [sloppy_answer(a, b, cfg.forget_carry_prob, teacher_rng) for a, b in pairs]
         input_ids, labels = supervised_batch(
             tokenizer, [addition_prompt(a, b) for a, b in pairs], answers
         )
         # Right padding after the last label: the causal mask alone keeps pads out of the loss.
-        loss = model(input_ids=input_ids, labels=labels).loss
+        return {"input_ids": input_ids, "labels": labels}
+
+    return fit_supervised(model, cfg, next_batch)
+
+
+class SupervisedRecipe(Protocol):
+    """What ``fit_supervised`` reads of a recipe (``WarmStartConfig`` and its media twin)."""
+
+    steps: int
+    lr: float
+    warmup_steps: int
+    decay_fraction: float
+    min_lr_ratio: float
+    weight_decay: float
+    grad_clip: float
+
+
+def fit_supervised(
+    model: PreTrainedModel,
+    cfg: SupervisedRecipe,
+    next_batch: Callable[[], Mapping[str, torch.Tensor]],
+    log_every_steps: int = 100,
+) -> float:
+    """``cfg.steps`` AdamW steps on ``model(**next_batch()).loss`` with ``cfg``'s lr, warm-up,
+    decay, weight decay and clipping; the last loss."""
+    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: _lr_factor(step, cfg))
+    model.train()
+    loss = torch.tensor(float("nan"))
+    for step in range(cfg.steps):
+        loss = model(**next_batch()).loss
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
         optimizer.step()
         schedule.step()
-        if (step + 1) % 100 == 0:
+        if (step + 1) % log_every_steps == 0:
             log.info("warm start: step %d/%d, loss %.4f", step + 1, cfg.steps, loss.item())
     model.eval()
     return loss.item()
@@ -194,7 +245,7 @@ def supervised_batch(
     return input_ids, labels
 
 
-def _lr_factor(step: int, cfg: WarmStartConfig) -> float:
+def _lr_factor(step: int, cfg: SupervisedRecipe) -> float:
     decay_start = int(cfg.steps * (1 - cfg.decay_fraction))
     if step < cfg.warmup_steps:
         return (step + 1) / cfg.warmup_steps
@@ -207,7 +258,7 @@ def _lr_factor(step: int, cfg: WarmStartConfig) -> float:
 def _publish(
     folder: Path,
     model: PreTrainedModel,
-    tokenizer: PreTrainedTokenizerBase,
+    tokenizer: Any,
     metadata: dict[str, Any],
 ) -> Path:
     """Write into a temp folder beside ``folder``, then rename it into place (first one wins)."""

@@ -22,23 +22,26 @@ import logging
 import os
 import queue
 import re
-import stat
 import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
-from urllib.parse import parse_qsl, urlsplit
+from urllib.parse import urlsplit
 
 from relax_hpc.config.schema import AlertConfig
+from relax_hpc.observe.redaction import (  # noqa: F401 (redact: re-exported for callers)
+    mask_in_logs,
+    read_secret_file,
+    redact,
+    secret_fragments,
+)
 from relax_hpc.paths import RunPaths, atomic_write_json, atomic_write_text, read_json
 
 log = logging.getLogger(__name__)
 
 ALWAYS_SENT = ("failed", "finished")
 SEVERITY = {"failed": "failure", "stalled": "warning", "requeued": "warning", "finished": "success"}
-MASK = "***"
-_MIN_SECRET_CHARS = 4  # shorter fragments ("to", "1") would mask ordinary words
 
 
 @dataclass(frozen=True)
@@ -59,10 +62,7 @@ def split_urls(text: str) -> list[str]:
 
 
 def _read_urls_file(path: Path) -> list[str]:
-    mode = path.stat().st_mode
-    if mode & (stat.S_IRWXG | stat.S_IRWXO):
-        log.warning("alerts: %s is readable by others; chmod 600 it (it holds secrets)", path)
-    return split_urls(path.read_text(encoding="utf-8"))
+    return split_urls(read_secret_file(path, "alerts"))
 
 
 def load_alert_urls(
@@ -90,54 +90,16 @@ def move_urls_to_secrets(cfg: AlertConfig, paths: RunPaths) -> AlertConfig:
 
 
 # --- keeping them out of logs ------------------------------------------------------------------
-def secret_fragments(urls: list[str]) -> list[str]:
-    """Substrings to mask: each URL, its user/password, path parts and query values."""
-    fragments = set()
-    for url in urls:
-        fragments.add(url)
-        parts = urlsplit(url)
-        fragments.update(filter(None, (parts.username, parts.password)))
-        fragments.update(p for p in parts.path.split("/") if p)
-        fragments.update(value for _, value in parse_qsl(parts.query) if value)
-    kept = (f for f in fragments if len(f) >= _MIN_SECRET_CHARS)
-    return sorted(kept, key=len, reverse=True)  # whole URLs before their parts
-
-
-def redact(text: str, fragments: list[str]) -> str:
-    for fragment in fragments:
-        text = text.replace(fragment, MASK)
-    return text
-
-
 def describe_url(url: str) -> str:
     """What a log may say about a URL: its service and host, nothing else."""
     parts = urlsplit(url)
     return f"{parts.scheme}://{parts.hostname or '?'}"
 
 
-class RedactingFilter(logging.Filter):
-    def __init__(self, fragments: list[str]) -> None:
-        super().__init__()
-        self.fragments = fragments
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        message = record.getMessage()
-        masked = redact(message, self.fragments)
-        if masked != message:
-            record.msg, record.args = masked, ()
-        return True
-
-
 def install_redaction(urls: list[str]) -> None:
     """Mask the URLs in every record of every handler of the root logger (and Apprise's)."""
     logging.getLogger("apprise").setLevel(logging.WARNING)
-    if not urls:
-        return
-    secret_filter = RedactingFilter(secret_fragments(urls))
-    for logger in (logging.getLogger(), logging.getLogger("apprise")):
-        logger.addFilter(secret_filter)
-        for handler in logger.handlers:
-            handler.addFilter(secret_filter)
+    mask_in_logs(secret_fragments(urls), ["apprise"])
 
 
 # --- rate limit --------------------------------------------------------------------------------

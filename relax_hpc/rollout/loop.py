@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -55,6 +55,8 @@ class RolloutWorker:
         progress_path,
         evaluator=None,  # callable(policy_version) -> dict of eval metrics, or None
         should_stop: Callable[[], bool] = lambda: False,
+        # per-part reward figures and reward services' totals (rewards/compose.py)
+        reward_metrics: Callable[[], Mapping[str, float]] = dict,
     ) -> None:
         self.s = settings
         self.engine = engine
@@ -67,6 +69,7 @@ class RolloutWorker:
         self.progress_path = progress_path
         self.evaluator = evaluator
         self.should_stop = should_stop
+        self.reward_metrics = reward_metrics
         self.timer = PhaseTimer()
         self.batch_index = self._load_progress()
         self.last_eval_version = -1
@@ -139,6 +142,7 @@ class RolloutWorker:
                 "rollout/policy_version": float(self.engine.policy_version),
                 "throughput/samples_per_s": len(samples) / seconds if seconds else 0.0,
                 "throughput/tokens_per_s": float(lengths.sum()) / seconds if seconds else 0.0,
+                **self.reward_metrics(),
             }
         )
         self.metrics.log(

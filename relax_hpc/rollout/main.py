@@ -5,6 +5,7 @@ Called by ``relax_hpc.component rollout``; returns the process exit code.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 
@@ -21,7 +22,9 @@ from relax_hpc.rollout.engines.base import Engine, GenerationRequest, SamplingPa
 from relax_hpc.rollout.engines.sglang_engine import SGLangEngine
 from relax_hpc.rollout.engines.transformers_engine import TransformersEngine
 from relax_hpc.rollout.loop import RolloutSettings, RolloutWorker
-from relax_hpc.rollout.rewards import build_reward
+from relax_hpc.rollout.rewards.compose import CompositeScorer
+from relax_hpc.rollout.rewards.scorer import ScoreItem
+from relax_hpc.rollout.rewards.services import RewardContext, build_scorer
 from relax_hpc.rollout.sglang_weights import SGLangDistributedTarget, SGLangWeightLoader
 from relax_hpc.runtime import TaskIdentity
 from relax_hpc.spool import ShardWriter
@@ -168,21 +171,50 @@ def build_receiver(
     )
 
 
-def make_scorer(cfg: RunConfig):
-    """Scores a batch of (completion, record) pairs in one round trip to the reward process."""
-    reward = build_reward(cfg.rollout.reward, timeout_s=cfg.rollout.reward_timeout_s)
+class SampleScorer:
+    """Scores a batch of (completion, record) pairs with ``rollout.reward``'s parts."""
 
-    def score(pairs) -> list[tuple[float, dict]]:
-        results = reward.score([(c.text, r.answer, r.metadata) for c, r in pairs])
+    def __init__(self, scorer: CompositeScorer) -> None:
+        self.scorer = scorer
+
+    def __call__(self, pairs) -> list[tuple[float, dict]]:
+        items = [ScoreItem(c.text, r.answer, r.metadata, r.prompt) for c, r in pairs]
         scored = []
-        for result in results:
+        for result in self.scorer.score(items):
             details = dict(result.details)
             if result.failed:
                 details["failed"] = result.failed
             scored.append((result.score, details))
         return scored
 
-    return score
+    def metrics(self) -> dict[str, float]:
+        return self.scorer.metrics()
+
+    def close(self) -> None:
+        self.scorer.close()
+
+
+def make_scorer(
+    cfg: RunConfig, paths: RunPaths, device: torch.device, reward: str | None = None
+) -> SampleScorer:
+    """``reward`` (default ``rollout.reward``) with the judge, reward models and endpoints it
+    names, on this worker's device (``rollout/rewards/services.py``)."""
+    rewards = cfg.rewards
+    if reward is not None:  # the held-out eval's own reward: no monitors
+        rewards = dataclasses.replace(rewards, agreement_with=None)
+    context = RewardContext(
+        paths=paths,
+        device=device,
+        data=cfg.data,
+        reward_timeout_s=cfg.rollout.reward_timeout_s,
+        seed=cfg.seed,
+    )
+    return SampleScorer(build_scorer(reward or cfg.rollout.reward, rewards, cfg.judge, context))
+
+
+def close_scorers(*scorers: SampleScorer) -> None:
+    for scorer in {id(s): s for s in scorers}.values():
+        scorer.close()
 
 
 def make_evaluator(
@@ -226,9 +258,14 @@ def run_rollout(cfg: RunConfig, paths: RunPaths, identity: TaskIdentity) -> int:
     load, loaded_version = engine_loader(engine, paths)
     receiver = build_receiver(cfg, paths, identity, engine, loaded_version)
     weights = EngineWeights(receiver, engine, load)
+    # Built before joining: a judge's warm start overlaps the trainer's start-up.
+    score = make_scorer(cfg, paths, device)
+    eval_reward = cfg.rewards.eval_reward
+    own_eval = eval_reward not in (None, cfg.rollout.reward)
+    eval_score = make_scorer(cfg, paths, device, eval_reward) if own_eval else score
     if not weights.join(should_stop):
+        close_scorers(score, eval_score)
         return 0
-    score = make_scorer(cfg)
     leader = identity.rank == 0
     metrics = MetricsLogger(
         paths.tensorboard_dir / f"rollout-{identity.rank}",
@@ -258,13 +295,15 @@ def run_rollout(cfg: RunConfig, paths: RunPaths, identity: TaskIdentity) -> int:
         params=SamplingParams.from_config(cfg.rollout, cfg.seed),
         metrics=metrics,
         progress_path=paths.status_dir / f"rollout-{identity.rank}-progress.json",
-        evaluator=make_evaluator(cfg, engine, tokenizer, score, metrics, paths)
+        evaluator=make_evaluator(cfg, engine, tokenizer, eval_score, metrics, paths)
         if leader and cfg.rollout.eval_interval_steps > 0
         else None,
         should_stop=should_stop,
+        reward_metrics=score.metrics,
     )
     try:
         return worker.run()
     finally:
         metrics.close()
         receiver.close()
+        close_scorers(score, eval_score)

@@ -18,13 +18,13 @@ def submit_env() -> dict[str, str]:
     return env
 
 
-def submit_command(run_dir: Path, *overrides: str) -> list[str]:
+def submit_command(run_dir: Path, *overrides: str, experiment: str = "grpo_tiny") -> list[str]:
     """``python -m relax_hpc.submit +experiment=grpo_tiny cluster=local run_dir=... ...``."""
     return [
         sys.executable,
         "-m",
         "relax_hpc.submit",
-        "+experiment=grpo_tiny",
+        f"+experiment={experiment}",
         "cluster=local",
         f"run_dir={run_dir}",
         *overrides,
@@ -32,9 +32,13 @@ def submit_command(run_dir: Path, *overrides: str) -> list[str]:
 
 
 def submit(
-    run_dir: Path, *overrides: str, timeout_s: float = 600, env: dict | None = None
+    run_dir: Path,
+    *overrides: str,
+    timeout_s: float = 600,
+    env: dict | None = None,
+    experiment: str = "grpo_tiny",
 ) -> subprocess.CompletedProcess:
-    command = submit_command(run_dir, *overrides)
+    command = submit_command(run_dir, *overrides, experiment=experiment)
     return subprocess.run(
         command,
         capture_output=True,

@@ -17,8 +17,10 @@ from relax_hpc.resolve import (
     check_backend_libraries,
     check_modality,
     resolve_names,
+    reward_part_fields,
 )
 from relax_hpc.rollout.rewards import REWARDS
+from relax_hpc.rollout.rewards.registry import JUDGE, part_kind
 
 
 @pytest.mark.parametrize("name", experiment_names())
@@ -26,7 +28,11 @@ def test_every_shipped_experiment_resolves_every_name(name):
     cfg = compose_run_config([f"+experiment={name}"])
     validate_run_config(cfg, check_paths=False)
     resolve_names(cfg, check_paths=False)
-    assert cfg.rollout.reward in REWARDS  # the shipped recipes use built-in rewards
+    # The shipped recipes use built-in rule rewards (no user module) and the services they
+    # configure (a judge section).
+    for part, field in reward_part_fields(cfg).items():
+        kind = part_kind(part, cfg.rewards, cfg.judge is not None, field)
+        assert part in REWARDS or (kind == JUDGE and cfg.judge is not None), (part, kind)
 
 
 def write_jsonl(path: Path, rows: list[dict]) -> Path:

@@ -88,10 +88,8 @@ class TransformersEngine(Engine):
         if any(not r.prompt_ids for r in requests):
             raise ValueError("every request needs at least one prompt token")
         input_ids_BL, mask_BL = self._left_pad([r.prompt_ids for r in requests])
-        positions_BL = (mask_BL.cumsum(-1) - 1).clamp(min=0)
         cache = DynamicCache()
-        logits_BV = self._forward(input_ids_BL, mask_BL, positions_BL, cache)
-        next_position_B = positions_BL[:, -1] + 1
+        logits_BV, next_position_B = self._prefill(requests, input_ids_BL, mask_BL, cache)
         generators = [
             torch.Generator().manual_seed(sample_seed(params.seed, r.sample_id)) for r in requests
         ]
@@ -147,6 +145,22 @@ class TransformersEngine(Engine):
             )
             for i, r in enumerate(requests)
         ]
+
+    def _prefill(
+        self,
+        requests: Sequence[GenerationRequest],
+        input_ids_BL: Tensor,
+        mask_BL: Tensor,
+        cache: DynamicCache,
+    ) -> tuple[Tensor, Tensor]:
+        """Last-position logits of the left-padded prompts, and each row's next position.
+
+        Subclasses override it to put media into the prompt (their models may place tokens
+        at other than consecutive positions, e.g. multimodal rotary positions).
+        """
+        positions_BL = (mask_BL.cumsum(-1) - 1).clamp(min=0)
+        logits_BV = self._forward(input_ids_BL, mask_BL, positions_BL, cache)
+        return logits_BV, positions_BL[:, -1] + 1
 
     def _forward(
         self, input_ids: Tensor, mask: Tensor, positions: Tensor, cache: DynamicCache

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+from typing import TYPE_CHECKING
 
 from relax_hpc.rollout.rewards.builtin import (
     boxed_math_reward,
@@ -23,6 +24,9 @@ from relax_hpc.rollout.rewards.builtin import (
     multiple_choice_reward,
 )
 from relax_hpc.rollout.rewards.result import RewardFn
+
+if TYPE_CHECKING:
+    from relax_hpc.config.rewards import RewardsConfig
 
 REWARDS: dict[str, RewardFn] = {
     "exact_match": exact_match,
@@ -70,3 +74,30 @@ def resolve_reward(spec: str) -> RewardFn:
             f"after the colon in {spec!r}"
         )
     return function
+
+
+# What a reward part name stands for (config/rewards.py says how names are looked up).
+JUDGE, REWARD_MODEL, ENDPOINT, RULE = "judge", "reward_model", "endpoint", "rule"
+
+
+def part_kind(name: str, rewards: RewardsConfig, has_judge: bool, field: str) -> str:
+    """``judge``, ``reward_model``, ``endpoint`` or ``rule`` (a resolvable reward function);
+    ``RewardNameError`` naming ``field`` when ``name`` is none of them."""
+    if name == JUDGE:
+        if not has_judge:
+            raise RewardNameError(
+                f"{field}: 'judge' needs a judge; choose one with judge=<name> (configs/judge/) "
+                "or set the judge section"
+            )
+        return JUDGE
+    if name in rewards.reward_models:
+        return REWARD_MODEL
+    if name in rewards.endpoints:
+        return ENDPOINT
+    try:
+        resolve_reward(name)
+    except RewardNameError as err:
+        others = [JUDGE, *rewards.reward_models, *rewards.endpoints]
+        text = str(err).replace("rollout.reward", field, 1)
+        raise RewardNameError(f"{text} (other reward parts: {', '.join(others)})") from None
+    return RULE

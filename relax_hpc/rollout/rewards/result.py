@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import math
 import traceback
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 
 @dataclass(frozen=True)
@@ -17,6 +17,23 @@ class RewardResult:
     score: float
     details: dict[str, Any] = field(default_factory=dict)
     failed: str | None = None  # why no score could be computed (score is then 0)
+
+
+def failed(reason: str, details: dict[str, Any] | None = None) -> RewardResult:
+    """A sample no score could be computed for: 0, with the reason recorded."""
+    return RewardResult(0.0, dict(details or {}), failed=reason)
+
+
+class BatchScorer(Protocol):
+    """Anything that scores a batch: one result per item, in order, never an exception.
+
+    Items are ``rewards.scorer.ScoreItem`` (or plain ``(completion, answer, metadata)``).
+    A part that cannot score an item returns ``failed(reason)`` for it.
+    """
+
+    def score(self, items: Sequence[Any]) -> list[RewardResult]: ...
+
+    def close(self) -> None: ...
 
 
 # fn(completion, answer, metadata) -> float | RewardResult

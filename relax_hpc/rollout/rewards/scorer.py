@@ -15,7 +15,7 @@ import signal
 import threading
 from collections.abc import Iterator, Mapping, Sequence
 from multiprocessing.pool import Pool
-from typing import Any
+from typing import Any, NamedTuple
 
 from relax_hpc.rollout.rewards.registry import RewardNameError, resolve_reward
 from relax_hpc.rollout.rewards.result import RewardResult, call_reward
@@ -25,8 +25,12 @@ from relax_hpc.rollout.rewards.result import RewardResult, call_reward
 STOP_SIGNALS_IGNORED = (signal.SIGUSR1, signal.SIGINT)
 
 
-def score_one(spec: str, completion: str, answer: str, metadata: Mapping[str, Any]) -> RewardResult:
-    """Resolve ``spec`` and score one completion (what the child process runs)."""
+def score_one(
+    spec: str, completion: str, answer: str, metadata: Mapping[str, Any], prompt: str = ""
+) -> RewardResult:
+    """Resolve ``spec`` and score one completion (what the child process runs).
+
+    Rule rewards see ``(completion, answer, metadata)``; ``prompt`` is for the services."""
     try:
         fn = resolve_reward(spec)
     except RewardNameError as error:
@@ -38,7 +42,17 @@ def resolve_reward_in_child(spec: str) -> None:
     resolve_reward(spec)
 
 
-ScoreItem = tuple[str, str, Mapping[str, Any]]  # (completion, answer, metadata)
+class ScoreItem(NamedTuple):
+    """One sample to score. Plain ``(completion, answer, metadata)`` tuples are accepted too."""
+
+    completion: str
+    answer: str
+    metadata: Mapping[str, Any]
+    prompt: str = ""  # the text the policy was given (judges and reward models read it)
+
+
+def as_score_item(item: Sequence[Any]) -> ScoreItem:
+    return item if isinstance(item, ScoreItem) else ScoreItem(*item)
 
 
 @contextlib.contextmanager

@@ -1,0 +1,228 @@
+"""The judge's HTTP server: batched scoring of ``relax_hpc.reward/1`` requests.
+
+Request handler threads (``ThreadingHTTPServer``, standard library) check the request's
+signature (``X-Relax-Signature``: HMAC-SHA256 of the body with this server's token; a
+request without a valid one gets 401 and is never scored), decode it and queue its items.
+One batching thread takes up to ``max_batch`` queued items (after waiting ``gather_s`` for
+more to arrive, so that requests of several rollout workers share a forward pass), scores
+them with the judge and hands each result back to the request that queued it.
+
+A retried request whose first answer was lost (a client timeout, a dropped connection)
+joins the scoring still in flight, or is answered from a bounded cache of recent results,
+instead of being scored again: the key is a hash of the item (prompt, response, reference,
+metadata), so a sample is judged once per server start.
+
+``GET /v1/health`` answers ``{"protocol", "instance", "ready"}`` without a signature (it
+reveals nothing); the address file is the readiness signal clients use.
+
+Must not: build models or know the run directory (``relax_hpc.judge.main`` does both).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import queue
+import threading
+import time
+from collections import OrderedDict
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+from relax_hpc.rollout.rewards.protocol import (
+    HEALTH_PATH,
+    PROTOCOL,
+    SCORE_PATH,
+    SIGNATURE_HEADER,
+    ProtocolError,
+    decode_request,
+    encode_response,
+    signature_valid,
+)
+from relax_hpc.rollout.rewards.result import BatchScorer, RewardResult, failed
+from relax_hpc.rollout.rewards.scorer import ScoreItem
+
+log = logging.getLogger(__name__)
+MAX_BODY_BYTES = 64 << 20
+CACHE_ITEMS = 65536
+
+
+@dataclass
+class ServerCounts:
+    requests: int = 0
+    refused: int = 0  # bad signature or malformed request
+    samples: int = 0  # items answered
+    scored: int = 0  # items the judge scored (the rest came from the cache)
+    batches: int = 0
+    judge_s: float = 0.0  # time spent inside the judge
+    started_s: float = field(default_factory=time.time)
+
+
+def item_key(item: ScoreItem) -> str:
+    text = json.dumps(
+        [item.prompt, item.completion, item.answer, dict(item.metadata)],
+        sort_keys=True,
+        default=str,
+    )
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+class JudgeServer:
+    def __init__(
+        self,
+        scorer: BatchScorer,
+        token: str,
+        host: str = "0.0.0.0",
+        port: int = 0,
+        max_batch: int = 256,
+        gather_s: float = 0.005,
+        instance: str = "",
+    ) -> None:
+        self.scorer = scorer
+        self.token = token
+        self.max_batch = max_batch
+        self.gather_s = gather_s
+        self.instance = instance
+        self.counts = ServerCounts()
+        self._queue: queue.Queue[tuple[str, ScoreItem, Future] | None] = queue.Queue()
+        self._cache: OrderedDict[str, RewardResult] = OrderedDict()
+        self._pending: dict[str, Future] = {}
+        self._lock = threading.Lock()
+        self._http = ThreadingHTTPServer((host, port), _handler_class(self))
+        self._http.daemon_threads = True
+        self._threads = [
+            threading.Thread(target=self._http.serve_forever, name="judge-http", daemon=True),
+            threading.Thread(target=self._batch_forever, name="judge-batches", daemon=True),
+        ]
+
+    @property
+    def port(self) -> int:
+        return self._http.server_address[1]
+
+    def start(self) -> JudgeServer:
+        for thread in self._threads:
+            thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._http.shutdown()
+        self._http.server_close()
+        self._queue.put(None)
+        self._threads[1].join(timeout=30)
+
+    def score(self, items: list[ScoreItem]) -> list[RewardResult]:
+        """Queue ``items`` for the batching thread and wait for their results."""
+        futures = [self._future(item_key(item), item) for item in items]
+        results = [future.result() for future in futures]
+        with self._lock:
+            self.counts.samples += len(results)
+        return results
+
+    def _future(self, key: str, item: ScoreItem) -> Future:
+        """The result of ``item``: cached, already being scored, or queued now."""
+        with self._lock:
+            if key in self._pending:
+                return self._pending[key]
+            future: Future = Future()
+            if key in self._cache:
+                future.set_result(self._cache[key])
+                return future
+            self._pending[key] = future
+        self._queue.put((key, item, future))
+        return future
+
+    def _batch_forever(self) -> None:
+        while (first := self._queue.get()) is not None:
+            batch = [first]
+            deadline = time.monotonic() + self.gather_s
+            while len(batch) < self.max_batch:
+                try:
+                    entry = self._queue.get(timeout=max(0.0, deadline - time.monotonic()))
+                except queue.Empty:
+                    break
+                if entry is None:
+                    self._queue.put(None)  # stop after this batch
+                    break
+                batch.append(entry)
+            self._score_batch(batch)
+        while not self._queue.empty():  # stopping: answer what is left
+            entry = self._queue.get()
+            if entry is not None:
+                with self._lock:
+                    self._pending.pop(entry[0], None)
+                entry[2].set_result(failed("the judge server is stopping"))
+
+    def _score_batch(self, batch: list[tuple[str, ScoreItem, Future]]) -> None:
+        started = time.monotonic()
+        try:
+            results = self.scorer.score([item for _, item, _ in batch])
+        except Exception as err:  # scorers should not raise; a bug fails the batch, not us
+            log.exception("judge: scoring a batch raised")
+            results = [failed(f"the judge raised {type(err).__name__}: {err}") for _ in batch]
+        with self._lock:
+            self.counts.batches += 1
+            self.counts.scored += len(batch)
+            self.counts.judge_s += time.monotonic() - started
+            for (key, _, _), result in zip(batch, results, strict=True):
+                self._pending.pop(key, None)
+                if result.failed is None:  # a failure may pass: the next request tries again
+                    self._cache[key] = result
+                    self._cache.move_to_end(key)
+            while len(self._cache) > CACHE_ITEMS:
+                self._cache.popitem(last=False)
+        for (_, _, future), result in zip(batch, results, strict=True):
+            future.set_result(result)
+
+    def handle_score(self, body: bytes, signature: str | None) -> tuple[int, bytes]:
+        with self._lock:
+            self.counts.requests += 1
+        if not signature_valid(self.token, body, signature):
+            return self._refuse(401, "missing or wrong X-Relax-Signature (not this run's judge?)")
+        try:
+            ids, items = decode_request(body)
+        except ProtocolError as err:
+            return self._refuse(400, str(err))
+        return 200, encode_response(ids, self.score(items))
+
+    def _refuse(self, status: int, reason: str) -> tuple[int, bytes]:
+        with self._lock:
+            self.counts.refused += 1
+        log.warning("judge: refused a request (%d): %s", status, reason)
+        return status, json.dumps({"protocol": PROTOCOL, "error": reason}).encode()
+
+    def health(self) -> dict[str, Any]:
+        return {"protocol": PROTOCOL, "instance": self.instance, "ready": True}
+
+
+def _handler_class(server: JudgeServer) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def do_POST(self) -> None:  # noqa: N802 (http.server's naming)
+            if self.path.split("?")[0] != SCORE_PATH:
+                return self._answer(404, b'{"error": "unknown path"}')
+            length = int(self.headers.get("Content-Length") or 0)
+            if not 0 < length <= MAX_BODY_BYTES:
+                return self._answer(413 if length else 400, b'{"error": "bad Content-Length"}')
+            body = self.rfile.read(length)
+            self._answer(*server.handle_score(body, self.headers.get(SIGNATURE_HEADER)))
+
+        def do_GET(self) -> None:  # noqa: N802
+            if self.path.split("?")[0] != HEALTH_PATH:
+                return self._answer(404, b'{"error": "unknown path"}')
+            self._answer(200, json.dumps(server.health()).encode())
+
+        def _answer(self, status: int, body: bytes) -> None:
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, format: str, *args: Any) -> None:
+            return None  # per-request lines would flood the log; counts go to status/
+
+    return Handler

@@ -1,0 +1,152 @@
+"""The cached warm start of grpo_tiny_judge's judge: a tiny model that verifies additions.
+
+A model built from ``judge.model.arch`` learns to answer ``yes`` or ``no`` after
+``"37+48=58?"`` (the judge template ``addition_verifier``: prompt, response, ``?``): half of
+its training rows carry the right sum, half a plausible mistake (``data.tasks``:
+forgotten carries, one wrong digit, a digit too many or too few, the sum reversed, a random
+number). It is deliberately short-trained and small, so it is *imperfect*: its agreement
+with exact match on held-out pairs is measured once and stored in ``warmstart.json``
+(``agreement``, ``true_positive_rate``, ``true_negative_rate``), and a GRPO run that uses
+it as the only reward measures it again on the policy's own answers.
+
+Cached like the policy's warm start (``models.warmstart.cached_training``): trained once
+per (model, task, recipe), published atomically under ``cache_dir/verifier-<key>``.
+
+Must not: know about RL, rewards, the run directory or the engines.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from transformers import PreTrainedModel
+from transformers.tokenization_utils_base import PreTrainedTokenizerBase
+
+from relax_hpc.config.schema import DataConfig, ModelConfig
+from relax_hpc.data.tasks import AdditionTask, addition_prompt, verification_candidate
+from relax_hpc.models.build import build_causal_lm, build_tokenizer
+from relax_hpc.models.warmstart import (
+    cache_key_fields,
+    cached_training,
+    fit_supervised,
+    sample_operands,
+    supervised_batch,
+)
+
+VERIFIER_VERSION = 1  # bump when the recipe below changes
+YES, NO = "yes", "no"
+
+
+@dataclass(frozen=True)
+class VerifierWarmStartConfig:
+    """The supervised recipe; the defaults give ~90% agreement with exact match (2 digits)."""
+
+    steps: int = 1500
+    batch_size: int = 128
+    lr: float = 1e-2
+    warmup_steps: int = 30
+    decay_fraction: float = 0.3  # constant lr, then a cosine decay over the last steps
+    min_lr_ratio: float = 0.05
+    weight_decay: float = 0.0
+    grad_clip: float = 1.0
+    correct_share: float = 0.5  # rows whose candidate is the right sum
+    agreement_rows: int = 1024  # held-out rows the agreement is measured on
+    seed: int = 0
+
+
+def verification_text(a: int, b: int, candidate: str) -> str:
+    """What the judge reads: the judge template ``addition_verifier`` of prompt and response."""
+    return f"{addition_prompt(a, b)}{candidate}?"
+
+
+def warm_start_verifier(
+    model_cfg: ModelConfig,
+    data_cfg: DataConfig,
+    cache_dir: str | Path,
+    cfg: VerifierWarmStartConfig = VerifierWarmStartConfig(),
+    split_seed: int = 0,
+) -> Path:
+    """The verifier's HF folder for (model, task, recipe); trains it the first time only."""
+    if data_cfg.kind != "synthetic_addition":
+        raise ValueError(
+            f"judge.warm_start=addition_verifier is for data.kind=synthetic_addition, not "
+            f"{data_cfg.kind}"
+        )
+    if model_cfg.path is not None:
+        raise ValueError(
+            "judge.warm_start=addition_verifier builds its model from judge.model.arch; set "
+            "judge.model.path=null"
+        )
+    tokenizer = build_tokenizer(model_cfg)
+    key_fields = cache_key_fields(model_cfg, data_cfg, cfg, split_seed, tokenizer)  # type: ignore[arg-type]
+    key_fields["version"] = f"verifier-{VERIFIER_VERSION}"
+    task = AdditionTask(data_cfg.digits, data_cfg.eval_size, split_seed)
+
+    def train() -> tuple[PreTrainedModel, PreTrainedTokenizerBase, float]:
+        model = build_causal_lm(model_cfg, tokenizer, torch.float32, seed=cfg.seed)
+        return model, tokenizer, train_verifier(model, tokenizer, task, cfg)
+
+    def measure(model: PreTrainedModel) -> dict[str, float]:
+        return verifier_agreement(model, tokenizer, task, cfg)
+
+    return cached_training(Path(cache_dir), "verifier", key_fields, train, measure)
+
+
+def train_verifier(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    task: AdditionTask,
+    cfg: VerifierWarmStartConfig,
+) -> float:
+    """Supervised training on ``yes``/``no`` after each row (loss on the verdict + EOS)."""
+    generator = torch.Generator().manual_seed(cfg.seed)
+    rng = random.Random(cfg.seed)
+
+    def next_batch() -> dict[str, torch.Tensor]:
+        texts, verdicts = [], []
+        for a, b in sample_operands(task, cfg.batch_size, generator):
+            candidate, correct = verification_candidate(a, b, rng, cfg.correct_share)
+            texts.append(verification_text(a, b, candidate))
+            verdicts.append(YES if correct else NO)
+        input_ids, labels = supervised_batch(tokenizer, texts, verdicts)
+        return {"input_ids": input_ids, "labels": labels}
+
+    return fit_supervised(model, cfg, next_batch)
+
+
+@torch.no_grad()
+def verifier_agreement(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    task: AdditionTask,
+    cfg: VerifierWarmStartConfig,
+) -> dict[str, float]:
+    """How often the verifier's first verdict token agrees with exact match, on held-out pairs.
+
+    Rows are drawn like the training rows (half right), from the held-out split only.
+    """
+    rng = random.Random(f"agreement:{cfg.seed}")
+    rows = []
+    for _ in range(cfg.agreement_rows):
+        a, b = task.operands(rng.choice(task.eval_pair_indices))
+        candidate, correct = verification_candidate(a, b, rng, cfg.correct_share)
+        rows.append((verification_text(a, b, candidate), correct))
+    batch = tokenizer([text for text, _ in rows], return_tensors="pt", padding=True)
+    logits = model(**batch).logits[:, -1]  # left padding: the last position is the verdict's
+    yes_id, no_id = (tokenizer.convert_tokens_to_ids(word[0]) for word in (YES, NO))
+    says_yes = logits[:, yes_id] > logits[:, no_id]
+    correct = torch.tensor([c for _, c in rows])
+    return {
+        "agreement": round(float((says_yes == correct).float().mean()), 4),
+        "true_positive_rate": round(float(says_yes[correct].float().mean()), 4),
+        "true_negative_rate": round(float((~says_yes[~correct]).float().mean()), 4),
+    }
+
+
+def verifier_model_config(model_cfg: ModelConfig, folder: str | Path) -> ModelConfig:
+    """``model_cfg`` pointing at the trained verifier (weights and tokenizer from there)."""
+    return dataclasses.replace(model_cfg, path=str(folder), tokenizer="auto", warm_start=False)

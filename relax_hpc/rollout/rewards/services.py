@@ -1,0 +1,196 @@
+"""From configuration to scorers: every reward part a run names, built where it runs.
+
+``build_scorer`` turns ``rollout.reward`` (one part, or ``composite``), ``rewards`` and
+``judge`` into one ``CompositeScorer``: rule rewards in their child process
+(``scorer.RewardScorer``), the judge on the rollout's engines (``judge.JudgeScorer``) or in
+its own component (``remote.RemoteScorer`` over ``JudgeTargets``), reward models
+(``reward_model``), endpoints (``remote.RemoteScorer`` over ``EndpointTargets``).
+``build_judge_scorer`` is also what the judge's own component serves.
+
+Heavy imports (torch, transformers, the engines) happen inside the builders that need them.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from relax_hpc.config.rewards import COMPOSITE, RewardsConfig
+from relax_hpc.config.schema import DataConfig, JudgeConfig, ModelConfig
+from relax_hpc.paths import RunPaths, read_json
+from relax_hpc.rollout.rewards.compose import CompositeScorer, Weights
+from relax_hpc.rollout.rewards.registry import ENDPOINT, JUDGE, REWARD_MODEL, part_kind
+from relax_hpc.rollout.rewards.result import BatchScorer
+from relax_hpc.rollout.rewards.scorer import RewardScorer
+
+log = logging.getLogger(__name__)
+SGLANG_BASE_PORT = 30000  # as the policy engine's (rollout/main.py); the judge's sit above
+JUDGE_PORT_OFFSET = 8  # engine k of a node: the policy at base + 16k, its judge at + 8
+
+
+@dataclass(frozen=True)
+class RewardContext:
+    """Where the scorers run: the run directory, the device, what a warm start needs."""
+
+    paths: RunPaths | None = None
+    device: Any = "cpu"  # torch.device or its name: the rollout engine's device
+    data: DataConfig | None = None  # the task a judge warm start trains on
+    reward_timeout_s: float | None = 10.0  # rule rewards' per-sample timeout
+    seed: int = 0
+    cache_dir: Path | None = None  # warm starts (default: models.warmstart.default_cache_dir)
+
+
+def build_scorer(
+    reward: str, rewards: RewardsConfig, judge: JudgeConfig | None, context: RewardContext
+) -> CompositeScorer:
+    """``rollout.reward`` as a scorer with every part it needs (and the monitors)."""
+    if reward == COMPOSITE:
+        weights = Weights(
+            {k: float(v) for k, v in rewards.weights.items()},
+            {s: {k: float(v) for k, v in t.items()} for s, t in rewards.weights_by_source.items()},
+            rewards.source_key,
+        )
+    else:
+        weights = Weights({reward: 1.0})
+    names = [*weights.default, *(p for table in weights.by_source.values() for p in table)]
+    if rewards.agreement_with:
+        names.append(rewards.agreement_with)
+    parts: dict[str, BatchScorer] = {}
+    try:
+        for name in dict.fromkeys(names):
+            parts[name] = build_part(name, rewards, judge, context)
+    except BaseException:
+        for part in parts.values():
+            part.close()
+        raise
+    return CompositeScorer(parts, weights, rewards.agreement_with)
+
+
+def build_part(
+    name: str, rewards: RewardsConfig, judge: JudgeConfig | None, context: RewardContext
+) -> BatchScorer:
+    kind = part_kind(name, rewards, judge is not None, "rollout.reward")
+    if kind == JUDGE:
+        assert judge is not None
+        return build_judge_scorer(judge, context)
+    if kind == REWARD_MODEL:
+        return build_reward_model_scorer(name, rewards, context)
+    if kind == ENDPOINT:
+        return build_endpoint_scorer(name, rewards, context)
+    return RewardScorer(name, context.reward_timeout_s)
+
+
+def build_endpoint_scorer(name: str, rewards: RewardsConfig, context: RewardContext):
+    from relax_hpc.rollout.rewards.credentials import endpoint_token
+    from relax_hpc.rollout.rewards.remote import EndpointTargets, RemoteScorer
+
+    endpoint = rewards.endpoints[name]
+    token = endpoint_token(name, endpoint, context.paths)
+    return RemoteScorer(name, EndpointTargets(endpoint.url, token), endpoint, seed=context.seed)
+
+
+def build_reward_model_scorer(name: str, rewards: RewardsConfig, context: RewardContext):
+    from relax_hpc.models.build import resolve_dtype
+    from relax_hpc.rollout.rewards.reward_model import RewardModelScorer, load_reward_model
+
+    rm = rewards.reward_models[name]
+    dtype = resolve_dtype(rm.dtype, context.device)
+    model, tokenizer = load_reward_model(
+        rm.path, f"rewards.reward_models.{name}.path", rm.label, dtype
+    )
+    return RewardModelScorer(
+        model.to(context.device),
+        tokenizer,
+        rm.template,
+        rm.label,
+        rm.normalize,
+        rm.batch_size,
+        rm.max_length,
+    )
+
+
+def build_judge_scorer(judge: JudgeConfig, context: RewardContext) -> BatchScorer:
+    """The judge: its engine here (``placement=rollout``, or in the judge's own component),
+    or a client of the judge's component (``placement=component``, called by the rollout)."""
+    if judge.placement == "component" and context.paths is not None:
+        from relax_hpc.rollout.rewards.remote import JudgeTargets, RemoteScorer
+
+        return RemoteScorer(JUDGE, JudgeTargets(context.paths), judge.client, seed=context.seed)
+    return build_judge_engine_scorer(judge, context)
+
+
+def judge_model_config(judge: JudgeConfig, context: RewardContext) -> ModelConfig:
+    """The judge's model as configured, or its cached warm start."""
+    if judge.warm_start == "none":
+        return judge.model
+    from relax_hpc.models.verifier_warmstart import verifier_model_config, warm_start_verifier
+    from relax_hpc.models.warmstart import METADATA_NAME, default_cache_dir
+
+    if context.data is None:
+        raise ValueError("judge.warm_start needs the run's data config (the task it verifies)")
+    folder = warm_start_verifier(
+        judge.model, context.data, context.cache_dir or default_cache_dir()
+    )
+    measured = read_json(folder / METADATA_NAME)
+    log.info(
+        "judge: %s from %s agrees with exact match on %.1f%% of held-out rows (says yes to "
+        "%.1f%% of right answers, no to %.1f%% of wrong ones)",
+        judge.warm_start,
+        folder,
+        100 * measured["agreement"],
+        100 * measured["true_positive_rate"],
+        100 * measured["true_negative_rate"],
+    )
+    return verifier_model_config(judge.model, folder)
+
+
+def build_judge_engine_scorer(judge: JudgeConfig, context: RewardContext):
+    import torch
+
+    from relax_hpc.models.build import build_causal_lm, build_tokenizer, resolve_dtype
+    from relax_hpc.rollout.rewards.judge import JudgeScorer
+    from relax_hpc.rollout.rewards.verdicts import build_verdict, template_text
+
+    model_cfg = judge_model_config(judge, context)
+    tokenizer = build_tokenizer(model_cfg)
+    device = torch.device(context.device)
+    if judge.backend == "sglang":
+        engine = build_sglang_judge_engine(judge, model_cfg, device, context.seed)
+        max_positions = None  # SGLang rejects an over-long prompt itself (a failed batch)
+    else:
+        from relax_hpc.rollout.engines.transformers_engine import TransformersEngine
+
+        dtype = resolve_dtype(model_cfg.dtype, device)
+        model = build_causal_lm(model_cfg, tokenizer, dtype, seed=context.seed)
+        model.requires_grad_(False)  # frozen: never trained, never synced
+        engine = TransformersEngine(model.to(device), tokenizer, max_batch_size=judge.batch_size)
+        max_positions = getattr(model.config, "max_position_embeddings", None)
+    return JudgeScorer(
+        engine,
+        tokenizer,
+        template_text(judge.template),
+        build_verdict(judge.verdict, judge.score_range, judge.letter_scores),
+        max_new_tokens=judge.max_new_tokens,
+        batch_size=judge.batch_size,
+        apply_chat_template=judge.apply_chat_template,
+        max_prompt_tokens=max_positions - judge.max_new_tokens if max_positions else None,
+    )
+
+
+def build_sglang_judge_engine(judge: JudgeConfig, model_cfg: ModelConfig, device, seed: int):
+    """An SGLang engine for the judge on the GPUs of the rollout's engine (``device``)."""
+    from relax_hpc.models.build import resolve_dtype
+    from relax_hpc.rollout.engines.sglang_engine import SGLangEngine
+
+    first_gpu = device.index or 0
+    port = SGLANG_BASE_PORT + 16 * first_gpu + JUDGE_PORT_OFFSET
+    return SGLangEngine(
+        str(model_cfg.path),
+        tensor_parallel=judge.engine_tensor_parallel,
+        mem_fraction=judge.engine_mem_fraction,
+        dtype=str(resolve_dtype(model_cfg.dtype, "cuda")).removeprefix("torch."),
+        seed=seed,
+        extra_server_args={"base_gpu_id": first_gpu, "port": port, "nccl_port": port + 1},
+    )

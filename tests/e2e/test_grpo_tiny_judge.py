@@ -1,0 +1,92 @@
+"""Reward services for real: a judge as the only reward teaches the policy, and a remote
+endpoint that fails in every way costs samples (scored as failed, with the reason), never
+the run, and never shows its token."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from e2e_helpers import eval_history, failure_report, scalars, submit
+from reward_fixtures import ScriptedRewardServer
+
+from relax_hpc.paths import RunPaths
+
+pytestmark = pytest.mark.slow
+STEPS = 60
+
+
+@pytest.fixture(scope="module")
+def judged_run(tmp_path_factory):
+    run_dir = tmp_path_factory.mktemp("judged") / "run"
+    result = submit(
+        run_dir, f"trainer.total_steps={STEPS}", experiment="grpo_tiny_judge", timeout_s=1500
+    )
+    assert result.returncode == 0, failure_report(result, run_dir)
+    return run_dir, result
+
+
+def test_grpo_with_the_judge_as_the_only_reward_learns(judged_run):
+    run_dir, result = judged_run
+    accuracy = scalars(RunPaths(run_dir).tensorboard_dir / "rollout-0")["eval/accuracy"]
+    history = eval_history(run_dir)  # held-out exact match, never the judge's opinion
+    assert [h["accuracy"] for h in history] == pytest.approx(accuracy)
+    assert (history[0]["policy_version"], history[-1]["policy_version"]) == (0, STEPS)
+    assert 0.1 < accuracy[0] < 0.6  # the weak warm start of grpo_tiny
+    assert accuracy[-1] >= 2 * accuracy[0], accuracy
+
+
+def test_the_judge_is_imperfect_and_its_agreement_is_measured_and_logged(judged_run):
+    run_dir, _ = judged_run
+    paths = RunPaths(run_dir)
+    log = paths.task_log("rollout", 0).read_text()
+    measured = re.search(
+        r"judge: addition_verifier from .* agrees with exact match on ([\d.]+)%", log
+    )
+    assert measured, log[-3000:]
+    assert 75.0 < float(measured.group(1)) < 99.0  # a real verifier, and an imperfect one
+    rollout = scalars(paths.tensorboard_dir / "rollout-0")
+    agreement = rollout["rewards/agreement/judge"]
+    assert len(agreement) >= STEPS and 0.5 < sum(agreement) / len(agreement) < 1.0
+    assert max(rollout["rewards/judge/failed"]) == 0.0  # every verdict was read
+    assert rollout["rewards/judge/mean"] and rollout["rewards/exact_match/mean"]
+    trainer = scalars(paths.tensorboard_dir / "trainer")["reward/mean"]
+    assert sum(trainer[-10:]) / 10 > sum(trainer[:10]) / 10 + 0.2  # the judge's reward rose
+
+
+def test_a_failing_remote_endpoint_costs_samples_not_the_run(tmp_path):
+    token = "sk-endpoint-" + "5e7b" * 8
+    server = ScriptedRewardServer(token=token, slow_s=3.0).start()
+    server.then("error", "error", "error", "garbage", "slow", "drop", "echo_auth", "garbage")
+    endpoint = (
+        f'{{safety: {{url: "{server.url}", token_env: LAB_SAFETY_TOKEN, timeout_s: 1.0, '
+        "batch_size: 2, max_concurrency: 1, max_attempts: 2, backoff_s: 0.05, max_wait_s: 20, "
+        "breaker_failures: 4, breaker_reset_s: 1.0}}"
+    )
+    run_dir = tmp_path / "run"
+    try:
+        result = submit(
+            run_dir,
+            "+preset=miniature",
+            "rollout.reward=composite",
+            "++rewards.weights={exact_match: 1.0, safety: 0.5}",
+            f"++rewards.endpoints={endpoint}",
+            env={"LAB_SAFETY_TOKEN": token},
+            timeout_s=600,
+        )
+    finally:
+        server.stop()
+    assert result.returncode == 0, failure_report(result, run_dir)
+    paths = RunPaths(run_dir)
+    assert server.answered("ok") > 0 and server.answered("error") == 3  # recovered, went on
+    assert {r["authorization"] for r in server.requests} == {f"Bearer {token}"}
+    rollout = scalars(paths.tensorboard_dir / "rollout-0")
+    assert rollout["rewards/safety/failed_total"][-1] >= 2  # given up on, with a reason
+    assert rollout["rewards/safety/retries_total"][-1] >= 3
+    assert rollout["rewards/safety/circuit_opened_total"][-1] >= 1  # and it closed again
+    log = paths.task_log("rollout", 0).read_text()
+    assert "safety: gave up after" in log and "HTTP 500" in log
+    leaked = [
+        p for p in run_dir.rglob("*") if p.is_file() and token in p.read_text(errors="replace")
+    ]
+    assert leaked == [] and token not in result.stderr + result.stdout
