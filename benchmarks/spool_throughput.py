@@ -9,6 +9,8 @@ sample) it writes the same bytes twice in the same directory, interleaved and re
 then claims and reads everything back with ``SpoolReader.next_batch`` (rename into
 ``claimed/``, read, validate, build samples) and collects it after a checkpoint, against a
 raw sequential read of the same files. The goal for large shards is publish >= 0.7 x raw.
+It also times the shard checksums alone (zlib CRC-32 over the same bytes, computed once by
+the writer and once by the reader) and prints their share of publish and of claim+read.
 Reads right after writes come from the page cache on a local disk; pass ``--dir`` on the
 cluster filesystem for meaningful figures there.
 
@@ -22,6 +24,7 @@ import os
 import shutil
 import tempfile
 import time
+import zlib
 from collections.abc import Callable
 from pathlib import Path
 
@@ -96,10 +99,16 @@ def _consume(spool_dir: Path, num_shards: int) -> None:
     reader.on_checkpoint_complete(num_shards)
 
 
+def _checksum(buffers: list[bytes]) -> None:
+    for buffer in buffers:
+        zlib.crc32(buffer)
+
+
 def run_workload(root: Path, name: str, with_image: bool, num_shards: int, repeats: int) -> None:
     rng = np.random.default_rng(0)
     shards = [make_shard_groups(i, with_image, rng) for i in range(num_shards)]
     best = {"raw_write": np.inf, "publish": np.inf, "raw_read": np.inf, "consume": np.inf}
+    best["checksum"] = np.inf
     num_bytes = 0
     for round_index in range(repeats):
         spool_dir, raw_dir = (
@@ -113,6 +122,8 @@ def run_workload(root: Path, name: str, with_image: bool, num_shards: int, repea
         num_bytes = sum(sizes)
         best["raw_write"] = min(best["raw_write"], _timed(lambda: _raw_write(raw_dir, sizes)))  # noqa: B023
         best["raw_read"] = min(best["raw_read"], _timed(lambda: _raw_read(raw_dir)))  # noqa: B023
+        buffers = [path.read_bytes() for path in paths]  # the shards' bytes, in memory
+        best["checksum"] = min(best["checksum"], _timed(lambda: _checksum(buffers)))  # noqa: B023
         best["consume"] = min(best["consume"], _timed(lambda: _consume(spool_dir, num_shards)))  # noqa: B023
         shutil.rmtree(root / f"{name}-{round_index}")
     _report(name, num_shards, num_bytes, best)
@@ -141,6 +152,11 @@ def _report(name: str, num_shards: int, num_bytes: int, best: dict[str, float]) 
             f"  {label:<15} {mb / seconds:9.0f} MB/s {num_samples / seconds:9.0f} samples/s"
             f"   ratio to {raw_label}: {raw_seconds / seconds:.2f}"
         )
+    checksum_s = best["checksum"]
+    print(
+        f"  crc32 checksums {mb / checksum_s:9.0f} MB/s   share of publish "
+        f"{checksum_s / best['publish']:.1%}, of claim+read {checksum_s / best['consume']:.1%}"
+    )
 
 
 def main() -> None:

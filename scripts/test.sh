@@ -27,7 +27,7 @@ bash scripts/check_gpu_stack.sh
 echo "relax_hpc test: pytest"
 set +e
 # One line per test file (not -q): the log shows which layers ran (unit, dist, e2e, slurm).
-python -m pytest "$@"
+python -m pytest --durations=30 "$@"
 rc=$?
 set -e
 if [ "$rc" -eq 5 ]; then

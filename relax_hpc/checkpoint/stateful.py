@@ -3,8 +3,13 @@
 DCP loads *in place*: it reads only the keys present in the state dict it is handed. Two
 kinds of state therefore need wrapping:
 
-- model + optimizer: ``get_state_dict`` materialises the optimizer's state (empty before
-  the first step) with fully-qualified names, which also works for FSDP2-sharded models;
+- model + optimizer: ``get_state_dict`` materialises the optimizer's state with
+  fully-qualified names, which also works for FSDP2-sharded models. Before the first step
+  it does so by running a dummy step (lr 0, zero grads), which leaves AdamW's step counter
+  at 1; ``ModelAndOptimizer`` undoes that on the live optimizer and records
+  ``optimizer_stepped`` so that a resume before the first step gets an empty optimizer
+  state again, exactly as the uninterrupted run holds it (else every later update uses
+  the wrong bias correction and the weights differ);
 - small, variable-shaped state (progress counters, the spool ledger, the data sampler,
   RNG): serialised as one opaque leaf, so that a fresh object loads whatever was saved.
 """
@@ -36,9 +41,22 @@ class ModelAndOptimizer:
         self.optimizer = optimizer
 
     def state_dict(self) -> dict[str, Any]:
+        """Model and optimizer state; the live optimizer is left exactly as it was.
+
+        The optimizer entry always has the shape of a stepped optimizer (DCP loads only the
+        keys of the template, so a template without state could not receive a saved one);
+        ``optimizer_stepped`` says whether that state is real or the dummy step's.
+        """
         optimizers = [self.optimizer] if self.optimizer is not None else []
+        stepped = self.optimizer is not None and bool(self.optimizer.state)
         model_state, optim_state = get_state_dict(self.model, optimizers)
-        return {"model": model_state, "optimizer": optim_state}
+        if self.optimizer is not None and not stepped:
+            self.optimizer.state.clear()  # drop the dummy step's state from the live optimizer
+        return {
+            "model": model_state,
+            "optimizer": optim_state,
+            "optimizer_stepped": torch.tensor(stepped),
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         optimizers = [self.optimizer] if self.optimizer is not None else []
@@ -49,6 +67,8 @@ class ModelAndOptimizer:
             optim_state_dict=state["optimizer"],
             options=StateDictOptions(strict=True),
         )
+        if self.optimizer is not None and not bool(state["optimizer_stepped"]):
+            self.optimizer.state.clear()  # saved before the first step: no state, no step count
 
 
 class OpaqueState:

@@ -1,8 +1,9 @@
 """The HDF5 shard format: encode groups of samples to bytes, decode and validate them.
 
-Layout (schema version 1). File attributes: ``schema`` (= ``SCHEMA_NAME``),
+Layout (schema version 2). File attributes: ``schema`` (= ``SCHEMA_NAME``),
 ``schema_version``, ``writer_id``, ``created_unix_s``, ``num_groups``, ``num_samples``,
-``min_policy_version``, ``max_policy_version``. Datasets, all 1-D unless noted:
+``min_policy_version``, ``max_policy_version``, ``checksums`` (see below). Datasets, all
+1-D unless noted:
 
     groups/offsets              int64 (G+1,)  samples of group g are [offsets[g], offsets[g+1])
     sample/<column>             one value per sample: data_index, policy_version, num_turns
@@ -19,13 +20,24 @@ Layout (schema version 1). File attributes: ``schema`` (= ``SCHEMA_NAME``),
     audio/... (same five) + audio/sample_rate_hz   float32 waveforms and int64 rates
                                 (``images``/``audio`` only when some sample has them)
 
+Integrity: ``checksums`` is a JSON object mapping every dataset's name to the zlib CRC-32
+of its bytes, and ``header`` to the CRC-32 of the header attributes (canonical JSON). The
+reader checks every dataset it decodes against it, and that it decodes exactly the
+datasets listed, before it returns any group: a flipped bit anywhere in the stored
+samples or the header makes the whole shard ``ShardCorruptError`` (the reader quarantines
+it), never a silently different sample. CRC-32 detects every burst error up to 32 bits
+and any other change with probability 1 - 2**-32; it is not a MAC (see SECURITY.md).
+Cost: ~1.8 GB/s per core, measured in ``benchmarks/spool_throughput.py``.
+
 Concatenated arrays with offsets (no per-sample datasets) keep a shard to 17-28 datasets
 (HDF5 costs ~0.5 ms per dataset), so encoding is a few large memcpys and decoding yields
 zero-copy views. No compression:
 token ids and pixels compress poorly and the spool's budget is bandwidth, not disk.
 
-A reader accepts versions 1..``SCHEMA_VERSION``; a newer version raises
-``ShardVersionError`` (the reading code is too old), anything else malformed raises
+A reader accepts versions ``MIN_SCHEMA_VERSION``..``SCHEMA_VERSION``; a newer version raises
+``ShardVersionError`` (the reading code is too old). Version 1 had no checksums and is
+refused as corrupt: a shard that cannot be verified is not trusted (and a flipped version
+attribute must not switch verification off). Anything else malformed raises
 ``ShardCorruptError``. Must not: touch the spool's directories (see ``layout``).
 """
 
@@ -34,6 +46,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import json
+import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -46,7 +59,10 @@ from relax_hpc.spool.errors import ShardCorruptError, ShardVersionError
 from relax_hpc.spool.sample import AudioClip, Group, Sample
 
 SCHEMA_NAME = "relax_hpc.spool.shard"
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+MIN_SCHEMA_VERSION = 2  # the first version with checksums
+CHECKSUMS_ATTR = "checksums"
+HEADER_CHECKSUM_KEY = "header"
 
 _JSON_COLUMNS = {
     "sample_id": str,
@@ -90,7 +106,26 @@ def _concat(arrays: Sequence[np.ndarray], dtype: type) -> np.ndarray:
     return np.concatenate([np.asarray(a, dtype=dtype).reshape(-1) for a in arrays])
 
 
-def _put_array_list(h5: h5py.Group, name: str, per_sample: Sequence[Sequence], dtype: type) -> None:
+class _ChecksummedDatasets:
+    """``h5[name] = values`` for a new shard, remembering the CRC-32 of each dataset's bytes."""
+
+    def __init__(self, h5: h5py.File) -> None:
+        self._h5 = h5
+        self.checksums: dict[str, int] = {}
+
+    def __setitem__(self, name: str, values: np.ndarray) -> None:
+        array = np.ascontiguousarray(values)
+        self._h5[name] = array
+        self.checksums[name] = zlib.crc32(array)
+
+
+def _header_checksum(header: ShardHeader) -> int:
+    return zlib.crc32(json.dumps(dataclasses.asdict(header), sort_keys=True).encode("utf-8"))
+
+
+def _put_array_list(
+    h5: _ChecksummedDatasets, name: str, per_sample: Sequence[Sequence], dtype: type
+) -> None:
     arrays = [np.asarray(a, dtype=dtype) for sample in per_sample for a in sample]
     h5[f"{name}/values"] = _concat(arrays, dtype)
     h5[f"{name}/value_offsets"] = _offsets([a.size for a in arrays])
@@ -117,7 +152,7 @@ def _check_group(group: Sequence[Sample], index: int) -> None:
             raise ValueError(f"sample {s.sample_id!r}: policy_version must be >= 0")
 
 
-def _write_samples(h5: h5py.File, samples: list[Sample]) -> None:
+def _write_samples(h5: _ChecksummedDatasets, samples: list[Sample]) -> None:
     for column in _JSON_COLUMNS:
         text = json.dumps([getattr(s, column) for s in samples], sort_keys=True)
         h5[f"sample/{column}"] = np.frombuffer(text.encode("utf-8"), dtype=np.uint8)
@@ -163,31 +198,58 @@ def write_shard_file(
     )
     with h5py.File(path, "x") as h5:
         h5.attrs.update(schema=SCHEMA_NAME, **dataclasses.asdict(header))
-        h5["groups/offsets"] = _offsets([len(g) for g in groups])
-        _write_samples(h5, samples)
+        datasets = _ChecksummedDatasets(h5)
+        datasets["groups/offsets"] = _offsets([len(g) for g in groups])
+        _write_samples(datasets, samples)
+        checksums = {**datasets.checksums, HEADER_CHECKSUM_KEY: _header_checksum(header)}
+        h5.attrs[CHECKSUMS_ATTR] = json.dumps(checksums, sort_keys=True)
     return header
 
 
 # --- decoding ------------------------------------------------------------------------------------
 class _Columns:
-    """Reads datasets of an open shard, turning any h5py/shape problem into ShardCorruptError."""
+    """Reads datasets of an open shard, turning any h5py/shape problem into ShardCorruptError.
 
-    def __init__(self, h5: h5py.File, num_samples: int) -> None:
+    Every dataset read is checked against its CRC-32 in ``checksums``; ``check_all_read``
+    then makes sure no listed dataset was skipped (e.g. a damaged group name).
+    """
+
+    def __init__(self, h5: h5py.File, num_samples: int, checksums: dict[str, int]) -> None:
         self._h5 = h5
         self._num_samples = num_samples
+        self._checksums = checksums
+        self._verified: set[str] = set()
 
     def array(self, name: str, dtype: type, length: int | None = None) -> np.ndarray:
         try:
             dataset = self._h5[name]
         except KeyError:
             raise ShardCorruptError(f"missing dataset {name!r}") from None
-        values = np.asarray(dataset[()])
+        values = np.ascontiguousarray(dataset[()])
+        self._verify(name, values)
         if values.ndim != 1 or (length is not None and len(values) != length):
             raise ShardCorruptError(f"dataset {name!r} has shape {values.shape}, want ({length},)")
         if values.dtype != dtype:
             raise ShardCorruptError(f"dataset {name!r} has dtype {values.dtype}, want {dtype}")
         values.flags.writeable = False
         return values
+
+    def _verify(self, name: str, values: np.ndarray) -> None:
+        if name not in self._checksums:
+            raise ShardCorruptError(f"dataset {name!r} has no checksum")
+        computed = zlib.crc32(values)
+        if computed != self._checksums[name]:
+            raise ShardCorruptError(
+                f"payload checksum mismatch in dataset {name!r} (stored crc32 "
+                f"{self._checksums[name]:08x}, computed {computed:08x}): the shard's bytes "
+                "changed after it was written (storage or transfer fault)"
+            )
+        self._verified.add(name)
+
+    def check_all_read(self) -> None:
+        unread = sorted(set(self._checksums) - self._verified - {HEADER_CHECKSUM_KEY})
+        if unread:
+            raise ShardCorruptError(f"datasets {unread} have checksums but were not decoded")
 
     def offsets(self, name: str, num_values: int | None, length: int | None = None) -> np.ndarray:
         """Offsets ``(length,)`` (default N+1) partitioning ``num_values`` (None: any count)."""
@@ -246,8 +308,11 @@ def _header(h5: h5py.File, source: str) -> ShardHeader:
             f"{source}: shard schema_version {version} is newer than this code reads "
             f"(<= {SCHEMA_VERSION}); run the same relax_hpc version on trainer and rollout"
         )
-    if version < 1:
-        raise ShardCorruptError(f"{source}: invalid schema_version {version}")
+    if version < MIN_SCHEMA_VERSION:
+        raise ShardCorruptError(
+            f"{source}: schema_version {version} carries no payload checksums (this code reads "
+            f"{MIN_SCHEMA_VERSION}..{SCHEMA_VERSION}); an unverifiable shard is not trusted"
+        )
     try:
         return ShardHeader(
             schema_version=version,
@@ -262,9 +327,24 @@ def _header(h5: h5py.File, source: str) -> ShardHeader:
         raise ShardCorruptError(f"{source}: missing attribute {error}") from None
 
 
+def _checksums(h5: h5py.File, header: ShardHeader) -> dict[str, int]:
+    """The stored checksums, after checking the header's own."""
+    try:
+        checksums = json.loads(str(h5.attrs[CHECKSUMS_ATTR]))
+    except KeyError:
+        raise ShardCorruptError(f"missing attribute {CHECKSUMS_ATTR!r}") from None
+    except json.JSONDecodeError as error:
+        raise ShardCorruptError(f"attribute {CHECKSUMS_ATTR!r} is not JSON: {error}") from None
+    if not isinstance(checksums, dict) or not all(isinstance(v, int) for v in checksums.values()):
+        raise ShardCorruptError(f"attribute {CHECKSUMS_ATTR!r} is not a name -> crc32 map")
+    if checksums.get(HEADER_CHECKSUM_KEY) != _header_checksum(header):
+        raise ShardCorruptError("header checksum mismatch: the shard's attributes changed")
+    return checksums
+
+
 def _read_groups(h5: h5py.File, header: ShardHeader) -> list[Group]:
     n = header.num_samples
-    cols = _Columns(h5, n)
+    cols = _Columns(h5, n, _checksums(h5, header))
     group_offsets = cols.offsets("groups/offsets", n, header.num_groups + 1)
     jsons = {c: cols.json_column(f"sample/{c}", kind) for c, kind in _JSON_COLUMNS.items()}
     scalars = {c: cols.array(f"sample/{c}", t, n).tolist() for c, t in _SCALAR_COLUMNS.items()}
@@ -276,6 +356,7 @@ def _read_groups(h5: h5py.File, header: ShardHeader) -> list[Group]:
     waveforms = cols.array_lists("audio", np.float32)
     num_clips = sum(len(w) for w in waveforms)
     rates = cols.array("audio/sample_rate_hz", np.int64, num_clips).tolist() if num_clips else []
+    cols.check_all_read()  # before any sample is built: a shard is never half-trusted
     rate_iter = iter(rates)
     samples = [
         Sample(

@@ -37,7 +37,7 @@ _SHARD = re.compile(
     r"-v(?P<min_policy_version>\d+)-g(?P<num_groups>\d+)-s(?P<num_samples>\d+)\.h5$"
 )
 _CLAIMED = re.compile(r"^c(?P<claim_seq>\d{10})-(?P<shard>.+)$")
-_TMP = re.compile(r"^(?P<shard>.+\.h5)\.(?P<host>[^/]+)\.(?P<pid>\d+)\.(?P<token>[0-9a-f]+)\.tmp$")
+_TMP = re.compile(r"^(?P<final>.+)\.(?P<pid>\d+)\.(?P<token>[0-9a-f]+)\.tmp$")
 
 
 def check_writer_id(writer_id: str) -> str:
@@ -106,10 +106,19 @@ def original_name(name: str) -> str:
     return match["shard"] if match else name
 
 
-def parse_tmp(name: str) -> tuple[str, int] | None:
-    """``(host, pid)`` of the writer of a temp file, or None if it is not a shard temp."""
+def tmp_writer_pid(name: str, host: str) -> int | None:
+    """The pid of the process on ``host`` writing temp file ``name``; None when ``name`` is
+    not ``<final name>.<host>.<pid>.<token>.tmp`` of that host.
+
+    Every temp file in a spool has that shape: shards in ``tmp/`` (``ShardWriter``) and JSON
+    files beside their targets (``paths.atomic_write_json``: status files, quarantine
+    reasons). Final names and host names both contain dots, so the host is matched against
+    the one given, never parsed out of the name.
+    """
     match = _TMP.match(name)
-    return None if match is None else (match["host"], int(match["pid"]))
+    if match is None or not match["final"].endswith(f".{host}"):
+        return None
+    return int(match["pid"])
 
 
 @dataclass(frozen=True)
@@ -149,15 +158,19 @@ class SpoolLayout:
     def writer_status_path(self, writer_id: str) -> Path:
         return self.writers_dir / f"{writer_id}.json"
 
-    def create(self) -> SpoolLayout:
-        for folder in (
+    @property
+    def folders(self) -> tuple[Path, ...]:
+        return (
             self.tmp_dir,
             self.ready_dir,
             self.claimed_dir,
             self.consumed_dir,
             self.quarantine_dir,
             self.writers_dir,
-        ):
+        )
+
+    def create(self) -> SpoolLayout:
+        for folder in self.folders:
             folder.mkdir(parents=True, exist_ok=True)
         return self
 

@@ -15,6 +15,11 @@ in the trainer's checkpoint. The exactly-once argument, in the ledger's terms:
   ``claimed/``; a resume from an older checkpoint finds it and re-reads the groups that
   checkpoint does not cover. A resume from the checkpoint that covers it finds it marked
   done and deletes it (the crash window between "checkpoint complete" and "deleted").
+* Quarantine is an event, counted at once (``record_quarantine``) and remembered by name
+  in the state, so a resume recounts nothing; the reader also counts, on resume, every
+  shard it finds in ``quarantine/`` that the loaded state does not name (quarantined
+  after that checkpoint, by an incarnation that then crashed): ``num_quarantined_shards``
+  and ``num_lost_groups`` survive a consumer crash.
 * Sample ids (64-bit BLAKE2b keys) of every delivered group are remembered, so a sample
   republished by a restarted rollout worker, or a shard requeued from quarantine, is
   dropped as a duplicate and never delivered twice. Memory: ~70 bytes per sample in RAM,
@@ -80,6 +85,7 @@ class Ledger:
         self.counters: Counter[str] = Counter()  # committed; events (claims, quarantine) at once
         self._cursors: dict[str, ShardCursor] = {}  # in claim order
         self._seen: set[int] = set()
+        self._quarantined: set[str] = set()  # names counted in num_quarantined_shards
         self._step_seen: set[int] = set()
         self._step_counters: Counter[str] = Counter()
         self._step_ranges: list[list] = []  # [claimed name, first group, end group]
@@ -176,6 +182,20 @@ class Ledger:
         """Drop a shard from the stream (deleted after a checkpoint, quarantined, or missing)."""
         del self._cursors[name]
 
+    def record_quarantine(self, name: str, num_lost_groups: int) -> bool:
+        """Count shard ``name`` as quarantined (once), losing ``num_lost_groups`` groups;
+        drops it from the stream. False when it was counted already."""
+        self._cursors.pop(name, None)
+        if name in self._quarantined:
+            return False
+        self._quarantined.add(name)
+        self.counters["num_quarantined_shards"] += 1
+        self.counters["num_lost_groups"] += num_lost_groups
+        return True
+
+    def is_quarantine_counted(self, name: str) -> bool:
+        return name in self._quarantined
+
     def records(self) -> list[dict]:
         return list(self._records)
 
@@ -195,6 +215,7 @@ class Ledger:
             "counters": dict(sorted(self.counters.items())),
             "records": list(self._records),
             "seen_sample_keys": _pack_keys(self._seen),
+            "quarantined_shards": sorted(self._quarantined),
         }
 
     @classmethod
@@ -211,6 +232,7 @@ class Ledger:
         ledger.counters = Counter(state["counters"])
         ledger._records.extend(state["records"])
         ledger._seen = _unpack_keys(state["seen_sample_keys"])
+        ledger._quarantined = set(state.get("quarantined_shards", []))  # absent in older states
         for name, num_groups, committed, done_step in sorted(state["shards"]):
             ledger.add_shard(name, num_groups)
             cursor = ledger._cursors[name]

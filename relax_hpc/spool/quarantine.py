@@ -5,10 +5,11 @@ The reason is written first and the shard renamed second, so a crash in between 
 orphan reason file (ignored by listings, removed by ``requeue``), never an unexplained
 shard. Only the spool's consumer quarantines; only the operator requeues.
 
-Temp files: a writer killed mid-publish leaves ``tmp/<shard>.<host>.<pid>.<token>.tmp``
-(and ``atomic_write_json`` may leave ``*.tmp`` beside the status files). One is deleted
-when its writer is provably dead (same host, pid gone) or when older than
-``tmp_max_age_s`` (a live writer finishes a shard in seconds). Must not: touch
+Temp files: a writer killed mid-publish leaves ``tmp/<shard>.<host>.<pid>.<token>.tmp``,
+and a process killed inside ``atomic_write_json`` leaves ``<file>.<host>.<pid>.<token>.tmp``
+beside a status file or a quarantine reason. One rule cleans every kind, in every folder
+of the spool: a temp file is deleted when its writer is provably dead (this host, pid
+gone) or when it is older than ``tmp_max_age_s`` (a live writer finishes one in seconds). Must not: touch
 ``ready/`` or ``claimed/`` shards other than the one being quarantined.
 """
 
@@ -16,7 +17,6 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 import socket
 import time
 from dataclasses import dataclass
@@ -30,10 +30,10 @@ from relax_hpc.spool.layout import (
     list_names,
     original_name,
     rename_once,
+    tmp_writer_pid,
 )
 
 log = logging.getLogger(__name__)
-_TMP = re.compile(r"^.+?\.(?:h5|json)\.(?P<host>.+)\.(?P<pid>\d+)\.(?P<token>[0-9a-f]+)\.tmp$")
 
 
 @dataclass(frozen=True)
@@ -103,11 +103,11 @@ def _remove_orphan_reasons(layout: SpoolLayout) -> None:
 
 
 def _writer_is_dead(name: str, host: str) -> bool:
-    match = _TMP.match(name)
-    if match is None or match["host"] != host:
+    pid = tmp_writer_pid(name, host)
+    if pid is None:
         return False
     try:
-        os.kill(int(match["pid"]), 0)
+        os.kill(pid, 0)
     except ProcessLookupError:
         return True
     except PermissionError:  # alive, another user's process
@@ -122,7 +122,7 @@ def clean_abandoned_tmp(
     now_s = time.time() if now_s is None else now_s
     host = socket.gethostname()
     deleted = []
-    for folder in (layout.tmp_dir, layout.spool_dir, layout.writers_dir, layout.quarantine_dir):
+    for folder in (layout.spool_dir, *layout.folders):
         for name in list_names(folder, suffix=TMP_SUFFIX):
             path = folder / name
             try:

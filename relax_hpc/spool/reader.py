@@ -23,9 +23,11 @@ group whose oldest sample is more than ``max_staleness`` versions behind the tra
 ``policy_version`` is dropped whole and counted, never silently. Duplicate sample ids
 (republished by a restarted rollout worker) drop their group too, also counted.
 
-Bad shards (truncated, unreadable, schema-invalid, unparsable name) go to ``quarantine/``
-with a reason and training continues; a shard from newer code raises ShardVersionError
-and stays where it is. Must not: write into ``ready/`` or run on more than one process.
+Bad shards (truncated, unreadable, schema-invalid, a payload checksum mismatch, an
+unparsable name) go to ``quarantine/`` with a reason and training continues; a shard is
+verified whole before any of its groups is handed out. Quarantines are counted in the
+ledger at once and recounted on resume from ``quarantine/`` (see ``ledger``). A shard
+from newer code raises ShardVersionError and stays where it is. Must not: write into ``ready/`` or run on more than one process.
 """
 
 from __future__ import annotations
@@ -51,7 +53,7 @@ from relax_hpc.spool.layout import (
     rename_once,
 )
 from relax_hpc.spool.ledger import DELIVERED, DUPLICATE, STALE, Ledger, sample_key
-from relax_hpc.spool.quarantine import clean_abandoned_tmp, quarantine_shard
+from relax_hpc.spool.quarantine import clean_abandoned_tmp, list_quarantined, quarantine_shard
 from relax_hpc.spool.sample import Group
 
 log = logging.getLogger(__name__)
@@ -194,18 +196,32 @@ class SpoolReader:
                 )
         except FileNotFoundError:
             log.error("spool: claimed shard %s vanished; its unconsumed groups are lost", name)
-            self._drop(name, "num_missing_shards")
+            self._drop_missing(name)
             return None
         except ShardCorruptError as error:
-            quarantine_shard(self._layout, path, str(error))
-            self._drop(name, "num_quarantined_shards")
+            self._quarantine(path, str(error))
             return None
         self._groups[name] = groups
         return groups
 
-    def _drop(self, name: str, counter: str) -> None:
+    def _quarantine(self, path: Path, reason: str) -> None:
+        """Move a bad shard aside and count it, with the groups it takes with it."""
+        if quarantine_shard(self._layout, path, reason) is not None:
+            self._ledger.record_quarantine(path.name, self._num_uncommitted_groups(path.name))
+        elif any(c.name == path.name for c in self._ledger.cursors()):
+            self._drop_missing(path.name)  # removed by someone else meanwhile
+
+    def _num_uncommitted_groups(self, name: str) -> int:
+        """Groups of a claimed shard that no committed step consumed (0 for other names)."""
+        cursor = next((c for c in self._ledger.cursors() if c.name == name), None)
+        if cursor is not None:
+            return cursor.num_groups - cursor.committed
+        parsed = parse_claimed(name)
+        return parsed[1].num_groups if parsed else 0
+
+    def _drop_missing(self, name: str) -> None:
         cursor = next(c for c in self._ledger.cursors() if c.name == name)
-        self._ledger.counters[counter] += 1
+        self._ledger.counters["num_missing_shards"] += 1
         self._ledger.counters["num_lost_groups"] += cursor.num_groups - cursor.committed
         self._ledger.forget(name)
 
@@ -225,8 +241,7 @@ class SpoolReader:
             source = self._layout.ready_dir / name
             shard = ShardName.parse(name)
             if shard is None:
-                quarantine_shard(self._layout, source, "not a spool shard name")
-                self._ledger.counters["num_quarantined_shards"] += 1
+                self._quarantine(source, "not a spool shard name")
                 continue
             target = claimed_name(self._ledger.next_claim_seq, name)
             if not rename_once(source, self._layout.claimed_dir / target):
@@ -255,6 +270,7 @@ class SpoolReader:
             return
         self._recovered = True
         ledger = self._ledger
+        self._count_quarantined_since_checkpoint()
         on_disk = {n: parse_claimed(n) for n in list_names(self._layout.claimed_dir)}
         for name in list_names(self._layout.consumed_dir):
             parsed = parse_claimed(name)
@@ -267,19 +283,34 @@ class SpoolReader:
                 on_disk[name] = parsed  # consumed after this checkpoint: hand out again
         for name, parsed in sorted(on_disk.items()):
             if parsed is None:
-                quarantine_shard(
-                    self._layout, self._layout.claimed_dir / name, "not a claimed shard name"
-                )
-                ledger.counters["num_quarantined_shards"] += 1
+                self._quarantine(self._layout.claimed_dir / name, "not a claimed shard name")
             elif not any(c.name == name for c in ledger.cursors()):
                 ledger.add_shard(name, parsed[1].num_groups)
             ledger.next_claim_seq = max(ledger.next_claim_seq, parsed[0] + 1 if parsed else 0)
         for cursor in ledger.cursors():
             if cursor.name not in on_disk and not cursor.done:
                 log.error("spool: shard %s of the checkpoint is missing", cursor.name)
-                self._drop(cursor.name, "num_missing_shards")
+                self._drop_missing(cursor.name)
         self.on_checkpoint_complete(ledger.step)  # the loaded checkpoint is complete
         fsync_dir(self._layout.claimed_dir)
+
+    def _count_quarantined_since_checkpoint(self) -> None:
+        """Count shards in ``quarantine/`` the loaded ledger does not know: an incarnation
+        quarantined them after the checkpoint, then crashed before the next one."""
+        for shard in list_quarantined(self._layout):
+            if self._ledger.is_quarantine_counted(shard.name):
+                continue
+            lost = self._num_uncommitted_groups(shard.name)
+            self._ledger.record_quarantine(shard.name, lost)
+            parsed = parse_claimed(shard.name)
+            if parsed is not None:
+                self._ledger.next_claim_seq = max(self._ledger.next_claim_seq, parsed[0] + 1)
+            log.warning(
+                "spool: counting %s, quarantined after the checkpoint (%d groups lost): %s",
+                shard.name,
+                lost,
+                shard.reason,
+            )
 
     def _retire(self, name: str) -> None:
         path = self._layout.claimed_dir / name

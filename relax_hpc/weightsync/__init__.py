@@ -4,8 +4,11 @@ The trainer pushes weights to rollout engines that run in other Slurm job steps;
 meet only in the run directory. Modules, by responsibility:
 
 - ``WeightSyncConfig`` lives in ``relax_hpc.config.weightsync`` (re-exported here).
-- ``rendezvous``: ``trainer.json`` / ``engines/*.json`` and the token proofs (what the
-  token protects and what not is documented there).
+- ``rendezvous``: ``trainer.json`` / ``engines/*.json``, the token proofs and signed round
+  messages (what the token protects and what not is documented there).
+- ``admission``: which engines take part: the token proof first, then the engine id.
+- ``liveness``: one proven TCP connection per engine, so the trainer sees a dead engine
+  process at once.
 - ``protocol``: bucket layout, packing, checksums, manifest; no I/O.
 - ``group``: TCPStore and one standalone Gloo/NCCL group per membership generation.
 - ``sender``: ``WeightSender`` for trainer rank 0; the round protocol is documented there.

@@ -11,6 +11,10 @@ class WeightSyncTimeout(WeightSyncError):
     """A bounded wait (store key, collective, file) ran out."""
 
 
+class WeightSyncAborted(WeightSyncError):
+    """A round was given up before it finished (a peer died, or the trainer aborted it)."""
+
+
 class WeightSyncRefused(WeightSyncError):
     """The trainer refused this engine (wrong token), or the engine refused the trainer."""
 

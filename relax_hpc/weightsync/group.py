@@ -8,12 +8,16 @@ size, options)`` on CUDA), built directly from ``torch._C._distributed_c10d``. N
 here calls ``init_process_group`` or touches the default group, so the trainer's own
 groups are untouched and a group can be dropped and rebuilt at any time.
 
-Bounded in time: the store has ``timeout_s`` on every blocking call; Gloo applies
-``timeout_s`` to every operation (a dead or stopped peer surfaces as a timeout or a
-connection error, never a hang); for NCCL, ``wait`` polls ``Work.is_completed`` until a
-deadline and aborts the communicator when it passes. A group that failed is *abandoned*:
-its backend and pending work go to a daemon thread that drops the references, because
-a Gloo backend's destructor waits for queued operations to time out.
+Bounded in time, and quick to give up: the store has ``timeout_s`` on every blocking call.
+A group forms on a daemon thread over a store connection of its own (a TCPStore client
+holds a lock through a blocking wait, and Gloo retries a peer that died mid-formation for
+several times ``timeout_s``); the caller waits at most ``timeout_s`` and stops at once
+when its ``should_abort`` check names a reason (a peer died, the trainer aborted the
+round). ``wait`` completes an operation the same way, in slices of ``WAIT_SLICE_S``
+(Gloo's ``Work.wait(timeout)`` returns as soon as the operation is done; NCCL's
+``is_completed`` is polled). A group that failed is *abandoned*: its backend and pending
+work go to a daemon thread that drops the references, because a Gloo backend's
+destructor waits for queued operations to time out.
 
 Must not: know about manifests, tokens or engines (see ``sender``/``receiver``).
 """
@@ -24,6 +28,7 @@ import logging
 import queue
 import threading
 import time
+from collections.abc import Callable
 from datetime import timedelta
 
 import torch
@@ -37,12 +42,20 @@ from torch._C._distributed_c10d import (
     Work,
 )
 
-from relax_hpc.weightsync.errors import WeightSyncTimeout
+from relax_hpc.weightsync.errors import WeightSyncAborted, WeightSyncTimeout
 
 log = logging.getLogger(__name__)
 
 STORE_PREFIX = "relax_hpc/weightsync"
+WAIT_SLICE_S = 0.05  # how often a waiting caller asks should_abort
 _NCCL_POLL_S = 0.0005
+
+AbortCheck = Callable[[], str | None]  # a reason to give up now, or None
+StoreConnector = Callable[[], Store]  # opens a new client connection to the trainer's store
+
+
+def never_abort() -> str | None:
+    return None
 
 
 def resolve_backend(backend: str, device: torch.device) -> str:
@@ -122,18 +135,53 @@ class _Reaper:
 _REAPER = _Reaper()
 
 
+def form_on_thread(
+    make: Callable[[], Backend], timeout_s: float, should_abort: AbortCheck, what: str
+) -> Backend:
+    """Run the blocking ``make`` on a daemon thread; give up after ``timeout_s`` or as soon as
+    ``should_abort`` names a reason. A formation given up on runs on in the background until
+    its own timeouts and is dropped there."""
+    outcome: dict = {}
+    done = threading.Event()
+
+    def run() -> None:
+        try:
+            outcome["backend"] = make()
+        except BaseException as error:  # handed to the waiting caller
+            outcome["error"] = error
+        finally:
+            done.set()
+
+    threading.Thread(target=run, name=f"weightsync-form-{what}", daemon=True).start()
+    deadline = time.monotonic() + timeout_s
+    while not done.wait(WAIT_SLICE_S):
+        reason = should_abort()
+        if reason is not None:
+            raise WeightSyncAborted(f"forming {what} given up: {reason}")
+        if time.monotonic() >= deadline:
+            raise WeightSyncTimeout(f"forming {what} not done after {timeout_s:.1f} s")
+    if "error" in outcome:
+        raise outcome.pop("error")
+    return outcome.pop("backend")
+
+
 class PeerGroup:
-    """One generation's process group; rank 0 is the trainer."""
+    """One generation's process group; rank 0 is the trainer.
+
+    The constructor returns once the group formed; it raises ``WeightSyncAborted``,
+    ``WeightSyncTimeout`` or the backend's ``RuntimeError`` when it did not.
+    """
 
     def __init__(
         self,
-        store: Store,
+        connect_store: StoreConnector,
         generation: int,
         rank: int,
         world_size: int,
         backend: str,
         device: torch.device,
         timeout_s: float,
+        should_abort: AbortCheck = never_abort,
     ) -> None:
         self.generation = generation
         self.rank = rank
@@ -142,9 +190,13 @@ class PeerGroup:
         self.device = device
         self.timeout_s = timeout_s
         self._pending: list[Work] = []
-        group_store = PrefixStore(f"gen/{generation}", store)
-        self._backend: Backend | None = _make_backend(
-            group_store, rank, world_size, backend, device, timeout_s
+
+        def make() -> Backend:
+            group_store = PrefixStore(f"gen/{generation}", connect_store())
+            return _make_backend(group_store, rank, world_size, backend, device, timeout_s)
+
+        self._backend: Backend | None = form_on_thread(
+            make, timeout_s, should_abort, f"group {generation}"
         )
 
     def broadcast(self, buffer: torch.Tensor) -> Work:
@@ -158,16 +210,38 @@ class PeerGroup:
         self._pending.append(work)
         return work
 
-    def wait(self, work: Work) -> None:
-        """Complete ``work`` within ``timeout_s``; raises on timeout or a transport error."""
-        if self.backend_name == "nccl":
-            deadline = time.monotonic() + self.timeout_s
-            while not work.is_completed():
-                if time.monotonic() >= deadline:
-                    raise WeightSyncTimeout(f"NCCL broadcast not done after {self.timeout_s} s")
-                time.sleep(_NCCL_POLL_S)
-        work.wait()  # Gloo: blocks, bounded by the op timeout; NCCL: orders the current stream
+    def wait(self, work: Work, should_abort: AbortCheck = never_abort) -> None:
+        """Complete ``work`` within ``timeout_s``, giving up as soon as ``should_abort`` names
+        a reason; raises on timeout, abort or a transport error."""
+        deadline = time.monotonic() + self.timeout_s
+        while not self._wait_slice(work):
+            reason = should_abort()
+            if reason is not None:
+                raise WeightSyncAborted(reason)
+            if time.monotonic() >= deadline:
+                raise WeightSyncTimeout(
+                    f"{self.backend_name} broadcast not done after {self.timeout_s} s"
+                )
         self._pending.remove(work)
+
+    def _wait_slice(self, work: Work) -> bool:
+        """Wait up to ``WAIT_SLICE_S``; True once ``work`` is done (raising its error)."""
+        if self.backend_name == "nccl":
+            end = time.monotonic() + WAIT_SLICE_S
+            while not work.is_completed():
+                if time.monotonic() >= end:
+                    return False
+                time.sleep(_NCCL_POLL_S)
+            work.wait()  # orders the current stream after the collective
+            return True
+        try:
+            work.wait(timedelta(seconds=WAIT_SLICE_S))  # returns as soon as it is done
+            return True
+        except RuntimeError:
+            if not work.is_completed():
+                return False  # only the slice ran out
+        work.wait()  # done with an error: raise that error, not the slice's timeout
+        return True
 
     def abandon(self) -> None:
         """Give up on this group without blocking; it must not be used again."""

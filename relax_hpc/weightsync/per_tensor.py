@@ -66,7 +66,7 @@ from relax_hpc.weightsync.errors import (
     WeightSyncError,
     WeightVerificationError,
 )
-from relax_hpc.weightsync.group import PeerGroup
+from relax_hpc.weightsync.group import AbortCheck, PeerGroup, form_on_thread
 from relax_hpc.weightsync.receiver import LoadFn, WeightReceiver, WeightUpdate
 from relax_hpc.weightsync.sender import SyncReport, WeightSender
 
@@ -143,6 +143,7 @@ class SGLangGroupRoot(PeerGroup):
         backend: str,
         device: torch.device,
         timeout_s: float,
+        should_abort: AbortCheck,
     ) -> None:
         self.generation = generation
         self.rank = 0
@@ -154,19 +155,24 @@ class SGLangGroupRoot(PeerGroup):
         self._rendezvous_store = rendezvous_store  # NCCL reads its unique id from it lazily
         store = sglang_group_store(rendezvous_store, group_name, backend)
         timeout = timedelta(seconds=timeout_s)
-        if backend == "gloo":
-            backend_object = ProcessGroupGloo(store, 0, world_size, timeout)  # waits for peers
-        else:
-            from torch._C._distributed_c10d import ProcessGroupNCCL
 
-            options = ProcessGroupNCCL.Options()
-            options.is_high_priority_stream = False
-            options._timeout = timeout
-            # no eager connect: SGLang's workers form the communicator at their first broadcast
-            backend_object = ProcessGroupNCCL(store, 0, world_size, options)
-        # as torch's helper does on every rank, so both ends of the group start alike
-        backend_object._set_sequence_number_for_group()
-        self._backend = backend_object
+        def make():  # on a thread: the main thread keeps watching for dead engines
+            if backend == "gloo":
+                backend_object = ProcessGroupGloo(store, 0, world_size, timeout)  # waits for peers
+            else:
+                from torch._C._distributed_c10d import ProcessGroupNCCL
+
+                options = ProcessGroupNCCL.Options()
+                options.is_high_priority_stream = False
+                options._timeout = timeout
+                # no eager connect: SGLang's workers form the communicator at their first
+                # broadcast
+                backend_object = ProcessGroupNCCL(store, 0, world_size, options)
+            # as torch's helper does on every rank, so both ends of the group start alike
+            backend_object._set_sequence_number_for_group()
+            return backend_object
+
+        self._backend = form_on_thread(make, timeout_s, should_abort, group_name)
 
 
 @dataclass
@@ -216,10 +222,10 @@ class PerTensorSender(WeightSender):
         return transport_ok
 
     def _ready_ranks(self, r: int, member: str) -> int | None:
-        """The engine's worker count from its ready key; None from a bucket receiver."""
+        """The engine's worker count from its ready message; None from a bucket receiver."""
         try:
-            value = json.loads(self._store.get(f"r/{r}/ready/{member}"))
-        except json.JSONDecodeError:
+            value = json.loads(self._ready[member].get("value", ""))
+        except (json.JSONDecodeError, TypeError):
             return None
         num_ranks = value.get("num_ranks") if isinstance(value, dict) else None
         return num_ranks if isinstance(num_ranks, int) and num_ranks >= 1 else None
@@ -247,7 +253,9 @@ class PerTensorSender(WeightSender):
         self._group_plan = _GroupPlan(generation, group, store)
         return self._group_plan
 
-    def _group_for(self, generation: int, members: list[str]) -> PeerGroup:
+    def _group_for(
+        self, generation: int, members: list[str], should_abort: AbortCheck
+    ) -> PeerGroup:
         if self._group is None:
             plan = self._group_plan
             assert plan is not None and plan.generation == generation
@@ -259,13 +267,18 @@ class PerTensorSender(WeightSender):
                 self.backend,
                 self.device,
                 self.config.timeout_s,
+                should_abort,
             )
             self._group_members = list(members)
         assert self._group.generation == generation
         return self._group
 
     def _broadcast(
-        self, group: PeerGroup, tensors: dict[str, torch.Tensor], layout: protocol.Layout
+        self,
+        group: PeerGroup,
+        tensors: dict[str, torch.Tensor],
+        layout: protocol.Layout,
+        peer_lost: AbortCheck,
     ) -> list[int]:
         """One broadcast per tensor in manifest order, two in flight; per-tensor checksums."""
         algo = self._checksum_algo()
@@ -278,9 +291,9 @@ class PerTensorSender(WeightSender):
             self._before_send(len(checksums) - 1, wire)
             in_flight.append((group.broadcast(wire), wire))  # keep ``wire`` alive until done
             if len(in_flight) > 2:
-                group.wait(in_flight.pop(0)[0])
+                group.wait(in_flight.pop(0)[0], peer_lost)
         for work, _ in in_flight:
-            group.wait(work)
+            group.wait(work, peer_lost)
         return checksums
 
 

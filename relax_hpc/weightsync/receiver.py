@@ -7,6 +7,13 @@ receives the buckets into staging buffers, verifies the signed manifest and dige
 every bucket checksum, and only then calls ``load_fn(named_tensors)`` and switches
 ``current_policy_version``. Samples must be stamped with ``current_policy_version``.
 
+Liveness: once admitted, the receiver holds a proven TCP connection to the trainer
+(``liveness``) that its kernel closes when the process dies, so the trainer never waits
+out a timeout for a dead engine. While it waits in a round (group formation, buckets) it
+watches the round's signed digest and gives up at once when the trainer aborted the
+round (another member died): it reports ``transport`` and is served by the retry round,
+never left waiting for a peer that is gone.
+
 Fail closed: a payload that fails verification (or a ``load_fn`` that raises) leaves the
 engine with ``ready_to_generate == False`` until a verified version arrives, by a later
 round or from ``weights/v{N}/``; the rollout loop must not generate meanwhile. A transport
@@ -31,17 +38,25 @@ import torch
 
 from relax_hpc.config.weightsync import WeightSyncConfig
 from relax_hpc.paths import RunPaths
-from relax_hpc.weightsync import fs_export, protocol, rendezvous
+from relax_hpc.weightsync import fs_export, liveness, protocol, rendezvous
 from relax_hpc.weightsync.errors import (
+    WeightSyncError,
     WeightSyncRefused,
     WeightSyncTimeout,
     WeightVerificationError,
 )
-from relax_hpc.weightsync.group import PeerGroup, has_key, open_store, wait_for_key
+from relax_hpc.weightsync.group import (
+    AbortCheck,
+    PeerGroup,
+    has_key,
+    open_store,
+    wait_for_key,
+)
 
 log = logging.getLogger(__name__)
 
 LoadFn = Callable[[Mapping[str, torch.Tensor]], None]
+LIVENESS_RETRY_S = 5.0  # a failed liveness connection is tried again after this long
 
 
 @dataclass
@@ -97,8 +112,11 @@ class WeightReceiver:
         self._version = initial_policy_version
         self._fail_closed_reason: str | None = None
         self._store = None
+        self._endpoint: rendezvous.TrainerEndpoint | None = None
         self._registration: rendezvous.EngineRegistration | None = None
         self._admitted = False
+        self._liveness: socket.socket | None = None
+        self._liveness_tried_s = -LIVENESS_RETRY_S
         self._last_round = 0
         self._group: PeerGroup | None = None
         self._staging: list[torch.Tensor] = []
@@ -127,18 +145,27 @@ class WeightReceiver:
         if load_fn is not None:
             self.load_latest_from_filesystem(load_fn)
         self._store = open_store(endpoint.host, endpoint.port, False, self.config.timeout_s)
+        self._endpoint = endpoint
         self._last_round = self._store.add("round", 0)  # rounds before joining are not ours
         self._register(endpoint.instance)
 
     def close(self) -> None:
-        if self._registration is not None:
-            rendezvous.deregister_engine(self.paths, self._registration)
+        self._unregister()
         if self._group is not None:
             self._group.close()
         self._group = None
         self._store = None
 
+    def _unregister(self) -> None:
+        """Remove this process's registration file and its liveness connection."""
+        if self._registration is not None:
+            rendezvous.deregister_engine(self.paths, self._registration)
+        if self._liveness is not None:
+            self._liveness.close()
+        self._liveness = None
+
     def _register(self, trainer_instance: str) -> None:
+        self._unregister()  # a join retried or a re-registration leaves no stale file
         self._registration = rendezvous.EngineRegistration(
             engine_id=self.engine_id,
             incarnation=rendezvous.new_nonce(),
@@ -188,14 +215,13 @@ class WeightReceiver:
         """True when admitted; re-registers after being dropped; raises when refused."""
         member = self._member
         if self._admitted:
-            if not has_key(self._store, f"dropped/{member}"):
+            notice = self._drop_notice(member)
+            if notice is None:
+                self._ensure_liveness()
                 return True
-            reason = self._store.get(f"dropped/{member}").decode()
-            log.warning(
-                "weightsync: the trainer dropped %s (%s); registering again", member, reason
-            )
+            log.warning("weightsync: the trainer dropped %s (%s); registering again",
+                        member, notice["reason"])  # fmt: skip
             self._forget_group()
-            rendezvous.deregister_engine(self.paths, self._registration)
             self._register(self._registration.trainer_instance)
             return False
         if not has_key(self._store, f"admission/{member}"):
@@ -213,15 +239,45 @@ class WeightReceiver:
             )
         self._admitted = True
         log.info("weightsync: engine %s admitted", member)
+        self._ensure_liveness()
         return True
+
+    def _drop_notice(self, member: str) -> dict | None:
+        """The trainer's signed notice that it dropped ``member``; a forged one is ignored."""
+        key = f"dropped/{member}"
+        if not has_key(self._store, key):
+            return None
+        notice = rendezvous.open_message(self._token, self._store.get(key), member=member)
+        if notice is None:
+            log.warning("weightsync: ignoring an unsigned drop notice for %s", member)
+        return notice
+
+    def _ensure_liveness(self) -> None:
+        """Hold a proven liveness connection to the trainer (retried while it fails)."""
+        port = self._endpoint.liveness_port if self._endpoint else 0
+        now = time.monotonic()
+        if (
+            self._liveness is not None
+            or not port
+            or now - self._liveness_tried_s < LIVENESS_RETRY_S
+        ):
+            return
+        self._liveness_tried_s = now
+        try:
+            self._liveness = liveness.connect(
+                self._endpoint.host, port, self._token, self._member, self.config.timeout_s
+            )
+        except OSError as error:
+            log.warning("weightsync: no liveness connection to the trainer yet: %s", error)
 
     def _attend(self, r: int, load_fn: LoadFn) -> tuple[WeightUpdate | None, bool]:
         """Take part in round ``r``; returns (update, whether the trainer will retry us)."""
-        call = json.loads(self._store.get(f"r/{r}/call"))  # set before the round counter
-        if self._member not in call["candidates"]:
+        call_value = self._store.get(f"r/{r}/call")  # set before the round counter
+        call = rendezvous.open_message(self._token, call_value, round=r)
+        if call is None or self._member not in call["candidates"]:
             return None, False
         start = time.monotonic()
-        self._store.set(f"r/{r}/ready/{self._member}", self._ready_value())
+        self._send_message(r, "ready", value=self._ready_value())
         try:
             # the trainer waits up to timeout_s for every candidate before it writes the plan
             plan = self._read_signed(f"r/{r}/plan", 2 * self.config.timeout_s)
@@ -251,7 +307,10 @@ class WeightReceiver:
         try:
             checksums = self._receive(plan, manifest)
             digest = self._read_signed(f"r/{r}/digest")
-        except (RuntimeError, WeightSyncTimeout) as error:
+        except WeightVerificationError as error:  # a digest not signed by the trainer
+            self._reject(r, str(error))
+            return None, False
+        except (RuntimeError, WeightSyncError) as error:
             return self._transport_failed(r, str(error))
         if "abort" in digest:
             return self._transport_failed(r, f"trainer aborted the round: {digest['abort']}")
@@ -267,19 +326,22 @@ class WeightReceiver:
     def _receive(self, plan: dict, manifest: protocol.Manifest) -> list[int]:
         """Receive every bucket (two in flight), checksumming each as it lands."""
         group = self._group_for(plan)
+        aborted = self._round_abort_check(manifest.round)
         buffers = self._staging_for(manifest.layout)
         checksums: list[int] = []
         in_flight = []
         for buffer in buffers:
             in_flight.append(group.broadcast(buffer))
             if len(in_flight) == 2:
-                self._complete(group, in_flight.pop(0), manifest.checksum_algo, checksums)
+                self._complete(group, in_flight.pop(0), manifest.checksum_algo, checksums, aborted)
         while in_flight:
-            self._complete(group, in_flight.pop(0), manifest.checksum_algo, checksums)
+            self._complete(group, in_flight.pop(0), manifest.checksum_algo, checksums, aborted)
         return checksums
 
-    def _complete(self, group: PeerGroup, work, algo: str, checksums: list[int]) -> None:
-        group.wait(work)
+    def _complete(
+        self, group: PeerGroup, work, algo: str, checksums: list[int], aborted: AbortCheck
+    ) -> None:
+        group.wait(work, aborted)
         bucket = len(checksums)  # buckets complete in order
         self._on_bucket_received(bucket)
         checksums.append(protocol.bucket_checksum(self._staging[bucket], algo))
@@ -360,16 +422,41 @@ class WeightReceiver:
             return self._group
         if self._group is not None:
             self._group.close()
+            self._group = None
         rank = plan["members"].index(self._member) + 1
         self._group = PeerGroup(
-            self._store, plan["generation"], rank, len(plan["members"]) + 1,
+            self._connect_store, plan["generation"], rank, len(plan["members"]) + 1,
             plan["backend"], self.device, self.config.timeout_s,
+            self._round_abort_check(plan["manifest"]["round"]),
         )  # fmt: skip
         return self._group
 
+    def _connect_store(self):
+        """A new client of the trainer's store, for a group forming on another thread."""
+        assert self._endpoint is not None
+        host, port = self._endpoint.host, self._endpoint.port
+        return open_store(host, port, False, self.config.timeout_s)
+
+    def _round_abort_check(self, r: int) -> AbortCheck:
+        """An ``AbortCheck`` that names the trainer's signed abort of round ``r``."""
+        key = f"r/{r}/digest"
+
+        def check() -> str | None:
+            if not has_key(self._store, key):
+                return None
+            digest = rendezvous.open_message(self._token, self._store.get(key), round=r)
+            if digest is None or "abort" not in digest:
+                return None
+            return f"the trainer gave up round {r}: {digest['abort']}"
+
+        return check
+
     def _forget_group(self) -> None:
+        """Give up the group; its staging buffers too, which its abandoned work may still
+        be writing into."""
         if self._group is not None:
             self._group.abandon()
+            self._staging = []
         self._group = None
 
     def _staging_for(self, layout: protocol.Layout) -> list[torch.Tensor]:
@@ -395,6 +482,12 @@ class WeightReceiver:
         log.error("weightsync: engine %s FAIL-CLOSED (keeps policy_version %s, stops generating): %s",
                   self.engine_id, self._version, reason)  # fmt: skip
 
-    def _report(self, r: int, kind: str, error: str) -> None:
-        result = {"kind": kind, "error": error[:500], "policy_version": self._version}
-        self._store.set(f"r/{r}/result/{self._member}", json.dumps(result))
+    def _report(self, r: int, outcome: str, error: str) -> None:
+        self._send_message(
+            r, "result", outcome=outcome, error=error[:500], policy_version=self._version
+        )
+
+    def _send_message(self, r: int, kind: str, **fields) -> None:
+        """``r/<r>/<kind>/<member>``, signed, naming its round and member."""
+        body = {"round": r, "member": self._member, "msg": kind, **fields}
+        self._store.set(f"r/{r}/{kind}/{self._member}", rendezvous.sign_message(self._token, body))

@@ -4,12 +4,14 @@ Layout of the rendezvous directory (created 0700 by ``RunPaths.create``):
 
 - ``trainer.json`` (mode 0600, written atomically by the trainer): ``host``, ``port`` of the
   trainer's TCPStore, the per-run ``token`` (random, 256 bits; kept across requeues of the
-  same run directory), ``instance`` (random per trainer start), ``pid`` and ``attempt``
+  same run directory), ``instance`` (random per trainer start), ``pid``, ``attempt``
   (the job start it belongs to, e.g. ``<jobid>.<restart>``: engines of a requeued job wait
-  for their own start's file instead of dialling the dead address of the previous one).
-- ``engines/<engine_id>.json`` (mode 0600, one per engine, written by that engine and
-  deleted only by it): ``engine_id``, ``incarnation`` (random per join), ``trainer_instance``
-  it said hello to, ``host``, ``pid``.
+  for their own start's file instead of dialling the dead address of the previous one) and
+  ``liveness_port`` (see ``liveness``).
+- ``engines/<engine_id>.<incarnation>.json`` (mode 0600, one per engine process, written by
+  it and deleted only by it): ``engine_id``, ``incarnation`` (random per join),
+  ``trainer_instance`` it said hello to, ``host``, ``pid``. Keyed by the whole member id, so
+  no other registration, admitted or not, can replace or remove an engine's file.
 
 What the token does and does not protect:
 
@@ -18,13 +20,18 @@ What the token does and does not protect:
   answers with ``HMAC(token, "admit|...")`` so the engine also knows it reached the real
   trainer of this run. Peers without the token (another run's engines, a stale or mistyped
   run directory, another user's processes, which cannot read the 0600 file) are refused
-  and are never part of a broadcast group.
-- Manifests and digests are signed with the token, so a receiver rejects metadata that
-  did not come from a holder of the token.
+  and are never part of a broadcast group. Admission is decided before identity: the proof
+  is checked first, and only a proven engine's id is looked at (a second proven engine
+  with the id of a live one is refused too). Nothing a refused peer does changes the
+  state of an admitted engine.
+- Every message of a round is signed with the token and names its round and member
+  (``sign_message``/``open_message``): the trainer's call, plan, digest and drop notices,
+  the engines' ready and result messages. A receiver rejects metadata that did not come
+  from a holder of the token; the trainer ignores a ready or result it cannot verify.
 - Not protected: the TCPStore and the Gloo/NCCL connections themselves are
   unauthenticated and unencrypted (torch offers nothing else). Anyone who can reach the
-  store port can read keys (never the token: only HMACs travel), write keys, and so
-  disrupt a round (denial of service) or, with effort, race the group formation. The
+  store port can read keys (never the token: only HMACs travel), delete or overwrite keys,
+  and so disrupt a round (denial of service) or, with effort, race the group formation. The
   bucket checksums are signed but are not MACs: an attacker able to inject bytes into a
   Gloo/NCCL stream could craft data matching a signed CRC-32. Run on a trusted cluster
   network; the token is an admission and misconfiguration guard, not transport security.
@@ -43,6 +50,7 @@ from pathlib import Path
 
 from relax_hpc.paths import RunPaths, atomic_write_json, read_json
 from relax_hpc.weightsync.errors import WeightSyncTimeout
+from relax_hpc.weightsync.protocol import canonical_bytes
 
 PRIVATE_MODE = 0o600
 TRAINER_FILE = "trainer.json"
@@ -57,6 +65,7 @@ class TrainerEndpoint:
     instance: str
     pid: int
     attempt: str = ""
+    liveness_port: int = 0  # 0: none (a trainer of an older version)
 
 
 @dataclass(frozen=True)
@@ -99,6 +108,26 @@ def hello_proof(token: str, member_id: str) -> str:
 
 def admit_proof(token: str, member_id: str) -> str:
     return sign(token, f"admit|{member_id}".encode())
+
+
+def sign_message(token: str, body: dict) -> str:
+    """A store value: ``body`` and its HMAC; bodies name their round (and member) so that a
+    value copied to another key or round does not verify there."""
+    return json.dumps({"body": body, "sig": sign(token, canonical_bytes(body))})
+
+
+def open_message(token: str, value: bytes | str, **expected: object) -> dict | None:
+    """The body of a ``sign_message`` value whose signature and ``expected`` fields match;
+    None for anything else (forged, truncated, replayed from another key)."""
+    try:
+        message = json.loads(value)
+        body, signature = message["body"], message["sig"]
+        authentic = verify_signature(token, canonical_bytes(body), signature)
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return None
+    if not authentic or any(body.get(k) != v for k, v in expected.items()):
+        return None
+    return body
 
 
 def trainer_file(paths: RunPaths) -> Path:
@@ -145,20 +174,18 @@ def wait_for_trainer_endpoint(
         time.sleep(poll_s)
 
 
+def registration_path(paths: RunPaths, registration: EngineRegistration) -> Path:
+    return engines_dir(paths) / f"{registration.member_id}.json"
+
+
 def register_engine(paths: RunPaths, registration: EngineRegistration) -> Path:
-    path = engines_dir(paths) / f"{registration.engine_id}.json"
+    path = registration_path(paths, registration)
     return atomic_write_json(path, asdict(registration), mode=PRIVATE_MODE)
 
 
 def deregister_engine(paths: RunPaths, registration: EngineRegistration) -> None:
-    """Remove this engine's file, unless a newer incarnation already replaced it."""
-    path = engines_dir(paths) / f"{registration.engine_id}.json"
-    try:
-        current = EngineRegistration(**read_json(path))
-    except (FileNotFoundError, json.JSONDecodeError, TypeError):
-        return
-    if current.incarnation == registration.incarnation:
-        path.unlink(missing_ok=True)
+    """Remove this engine process's own file (no other engine's)."""
+    registration_path(paths, registration).unlink(missing_ok=True)
 
 
 def list_engine_registrations(paths: RunPaths) -> list[EngineRegistration]:
@@ -169,7 +196,9 @@ def list_engine_registrations(paths: RunPaths) -> list[EngineRegistration]:
     registrations = []
     for path in sorted(folder.glob("*.json")):
         try:
-            registrations.append(EngineRegistration(**read_json(path)))
+            registration = EngineRegistration(**read_json(path))
         except (FileNotFoundError, json.JSONDecodeError, TypeError):
-            continue  # deleted or replaced while listing
-    return registrations
+            continue  # deleted while listing, or not a registration
+        if path.name == f"{registration.member_id}.json":  # a file under another's name: no
+            registrations.append(registration)
+    return sorted(registrations, key=lambda reg: (reg.engine_id, reg.incarnation))

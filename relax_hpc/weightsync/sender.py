@@ -1,31 +1,44 @@
-"""The trainer side of weight sync: admission, rounds, bucketed broadcast, fallback.
+"""The trainer side of weight sync: rounds, bucketed broadcast, fallback.
 
-``WeightSender`` runs on the trainer rank that holds the full (gathered) weights, rank 0.
-One call of ``sync`` is one or two *rounds* (the second only to retry survivors after a
-transport failure). The store keys of round ``r`` (all under ``relax_hpc/weightsync/``):
+``WeightSender`` runs on the trainer rank that holds the full (gathered) weights, rank 0;
+which engines take part is ``admission``'s decision. One call of ``sync`` is one or two
+*rounds* (the second only to retry survivors after a transport failure). The store keys
+of round ``r`` (all under ``relax_hpc/weightsync/``), every value signed with the run
+token and naming its round and member (``rendezvous.sign_message``):
 
 1. ``r/<r>/call``: the candidates (admitted engines); then the counter ``round`` := r.
 2. ``r/<r>/ready/<member>``: each candidate that is polling says it is ready. Candidates
    not ready within ``timeout_s`` are dropped (``dropped/<member>`` is set; a live engine
    re-registers and is admitted again at a later sync).
-3. ``r/<r>/plan`` (signed): members, generation, backend and the manifest (see
-   ``protocol``). The group of that generation is reused while members do not change.
-4. The buckets, broadcast from rank 0; then ``r/<r>/digest`` (signed): bucket checksums,
-   or ``abort`` when the trainer's side of the broadcast failed.
+3. ``r/<r>/plan``: members, generation, backend and the manifest (see ``protocol``). The
+   group of that generation is reused while members do not change.
+4. The buckets, broadcast from rank 0; then ``r/<r>/digest``: bucket checksums, or
+   ``abort`` when the trainer gave up the group (formation or broadcast failed, or a
+   member died). Receivers watch for it while they wait, so none is left waiting.
 5. ``r/<r>/result/<member>``: ``ok`` (switched to the new version), ``verify`` (rejected
    the payload, kept its old weights), ``transport`` (its collective failed; it waits for
    a retry round). Members without a result within the time bound are dropped.
 
-Every phase is bounded by ``timeout_s`` (a result after a transport failure by
-``min(timeout_s, FAILURE_GRACE_S)``), so ``sync`` returns in a bounded time whatever the
-engines do. Dropped and refused peers are logged and written as events.
+Time bounds. A member whose process dies is seen at once through its liveness connection
+(``liveness``): no phase waits for it, the group is given up (``digest`` = abort), the
+survivors report ``transport`` within a ``WAIT_SLICE_S`` and are served by the retry
+round. A death therefore costs one extra round, not a timeout. Without that signal (a
+hung engine, a lost node, an engine without a liveness connection) each phase waits at
+most ``timeout_s``: ready, formation, each bucket, results; after a given-up group the
+results of members not connected for liveness are awaited ``min(timeout_s,
+FAILURE_GRACE_S)`` (connected ones, alive by definition, get ``timeout_s``). So a sync
+in which engines die returns within ``timeout_s + FAILURE_GRACE_S`` plus the cost of its
+retry round; when the dead are processes that held a liveness connection (a crash, a
+kill, the OOM killer: the kernel closes their sockets), within its retry round plus a few
+``WAIT_SLICE_S``: no timeout is waited out. A healthy engine is never dropped for
+another's death. tests/dist/test_weightsync_receiver_death.py asserts both bounds.
+Dropped and refused peers are logged and written as events.
 
 Must not: import the rollout side, or call ``init_process_group``.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import time
@@ -37,9 +50,11 @@ import torch
 from relax_hpc.config.weightsync import WeightSyncConfig
 from relax_hpc.paths import RunPaths
 from relax_hpc.weightsync import fs_export, protocol, rendezvous
-from relax_hpc.weightsync.errors import WeightSyncTimeout
+from relax_hpc.weightsync.admission import Admission
+from relax_hpc.weightsync.errors import WeightSyncError
 from relax_hpc.weightsync.events import emit_event
 from relax_hpc.weightsync.group import (
+    AbortCheck,
     PeerGroup,
     has_key,
     open_store,
@@ -47,6 +62,7 @@ from relax_hpc.weightsync.group import (
     store_port,
     wire_device,
 )
+from relax_hpc.weightsync.liveness import LivenessMonitor
 
 log = logging.getLogger(__name__)
 
@@ -71,10 +87,6 @@ class SyncReport:
     published_dir: str | None = None
 
 
-def signed(token: str, body: dict) -> str:
-    return json.dumps({"body": body, "sig": rendezvous.sign(token, protocol.canonical_bytes(body))})
-
-
 class WeightSender:
     """Pushes new weights from the trainer to every admitted rollout engine."""
 
@@ -92,11 +104,12 @@ class WeightSender:
         self.device = wire_device(self.backend, torch.device(device))  # buffers and groups
         self.serve_dtype = protocol.parse_serve_dtype(config.serve_dtype)
         self._store = None
+        self._host = ""
         self._token = ""
         self._instance = ""
-        self._admitted: dict[str, rendezvous.EngineRegistration] = {}
-        self._refused: set[str] = set()
-        self._dropped: set[str] = set()  # a dropped engine comes back as a new incarnation
+        self._liveness: LivenessMonitor | None = None
+        self._admission: Admission | None = None
+        self._ready: dict[str, dict] = {}  # the verified ready messages of the current round
         self._round = 0
         self._generation = 0
         self._group: PeerGroup | None = None
@@ -110,73 +123,62 @@ class WeightSender:
     # --- lifecycle ---------------------------------------------------------------------------
     def start(self) -> rendezvous.TrainerEndpoint:
         """Open the store and publish ``trainer.json`` (0600); keeps a requeued run's token."""
-        host = self.config.advertise_host or rendezvous.default_host()
+        host = self._host = self.config.advertise_host or rendezvous.default_host()
         self._store = open_store(host, self.config.port, True, self.config.timeout_s)
         self._token = rendezvous.existing_token(self.paths) or rendezvous.new_token()
         self._instance = rendezvous.new_nonce()
+        self._liveness = self._start_liveness(host)
+        self._admission = Admission(
+            self.paths, self._store, self._token, self._instance, self._liveness
+        )
         endpoint = rendezvous.TrainerEndpoint(
-            host, store_port(self._store), self._token, self._instance, os.getpid(), self.attempt
+            host,
+            store_port(self._store),
+            self._token,
+            self._instance,
+            os.getpid(),
+            self.attempt,
+            self._liveness.port if self._liveness else 0,
         )
         rendezvous.publish_trainer_endpoint(self.paths, endpoint)
         log.info("weightsync: trainer store at %s:%d (%s)", host, endpoint.port, self.backend)
         return endpoint
 
+    def _start_liveness(self, host: str) -> LivenessMonitor | None:
+        try:
+            return LivenessMonitor(host, self._token)
+        except OSError as error:
+            log.warning(
+                "weightsync: no liveness port on %s (%s): a dead engine is then noticed only "
+                "through timeouts (weightsync.timeout_s)",
+                host,
+                error,
+            )
+            return None
+
     def close(self) -> None:
         if self._group is not None:
             self._group.close()
         self._group = None
+        if self._liveness is not None:
+            self._liveness.close()
+        self._liveness = None
         self._store = None
 
     @property
     def admitted_engines(self) -> list[str]:
-        return sorted(reg.engine_id for reg in self._admitted.values())
+        admitted = self._admission.admitted.values() if self._admission else []
+        return sorted(reg.engine_id for reg in admitted)
+
+    @property
+    def _admitted(self) -> dict[str, rendezvous.EngineRegistration]:
+        return self._admission.admitted
 
     # --- admission ---------------------------------------------------------------------------
     def admit_pending(self) -> tuple[list[str], list[str]]:
         """Admit or refuse newly registered engines; return (admitted, refused) engine ids."""
-        assert self._store is not None, "call start() first"
-        current = {
-            reg.member_id: reg
-            for reg in rendezvous.list_engine_registrations(self.paths)
-            if reg.trainer_instance == self._instance
-        }
-        for member in [m for m in self._admitted if m not in current]:
-            log.info("weightsync: engine %s left (deregistered)", member)
-            del self._admitted[member]
-        admitted, refused = [], []
-        for member, reg in current.items():
-            if member in self._admitted or member in self._refused or member in self._dropped:
-                continue
-            if self._admit(member, reg):
-                admitted.append(reg.engine_id)
-            else:
-                refused.append(reg.engine_id)
-        return admitted, refused
-
-    def _admit(self, member: str, reg: rendezvous.EngineRegistration) -> bool:
-        hello_key = f"hello/{member}"
-        proof = self._store.get(hello_key).decode() if has_key(self._store, hello_key) else ""
-        if proof and rendezvous.verify_signature(self._token, f"hello|{member}".encode(), proof):
-            answer = {"ok": True, "proof": rendezvous.admit_proof(self._token, member)}
-            self._store.set(f"admission/{member}", json.dumps(answer))
-            self._admitted[member] = reg
-            log.info("weightsync: admitted engine %s (host %s)", member, reg.host)
-            return True
-        reason = "token mismatch: the engine did not present this run's token"
-        self._store.set(f"admission/{member}", json.dumps({"ok": False, "reason": reason}))
-        self._refused.add(member)
-        log.error(
-            "weightsync: REFUSED engine %s (host %s, pid %d): %s", member, reg.host, reg.pid, reason
-        )
-        emit_event(
-            self.paths,
-            "weightsync_peer_refused",
-            engine_id=reg.engine_id,
-            member=member,
-            host=reg.host,
-            reason=reason,
-        )
-        return False
+        assert self._admission is not None, "call start() first"
+        return self._admission.admit_pending()
 
     # --- sync ----------------------------------------------------------------------------------
     def sync(self, named_tensors: protocol.NamedTensors, policy_version: int) -> SyncReport:
@@ -243,10 +245,11 @@ class WeightSender:
         """One round; returns the members to retry (their collective failed, they are alive)."""
         r = self._open_round(candidates)
         report.rounds += 1
-        ready = self._await_keys([f"r/{r}/ready/{m}" for m in candidates], self.config.timeout_s)
-        members = [m for m, key in zip(candidates, ready, strict=True) if key]
+        ready = self._await_messages(r, "ready", candidates, self.config.timeout_s)
+        self._ready = {m: body for m, body in ready.items() if body is not None}
+        members = [m for m in candidates if m in self._ready and not self._admission.is_dead(m)]
         for member in sorted(set(candidates) - set(members)):
-            self._drop(member, r, f"not ready within {self.config.timeout_s:.1f} s", report)
+            self._drop(member, r, self._silence(member, "ready", self.config.timeout_s), report)
         members = self._eligible(r, members, report)
         manifest = protocol.Manifest(report.policy_version, r, self._checksum_algo(), layout)
         generation = self._generation_for(members)
@@ -272,25 +275,24 @@ class WeightSender:
         """Transport-specific entries of the signed plan."""
         return {}
 
-    def _sign(self, body: dict) -> str:
-        return signed(self._token, body)
+    def _sign(self, plan: dict) -> str:
+        """The signed plan (a seam: tests forge it)."""
+        return rendezvous.sign_message(self._token, plan)
 
     def _collect_results(
         self, r: int, members: list[str], transport_ok: bool, report: SyncReport
     ) -> list[str]:
         """Each member's result of round ``r``; returns the members to retry."""
-        grace = (
-            self.config.timeout_s if transport_ok else min(self.config.timeout_s, FAILURE_GRACE_S)
-        )
-        keys = [f"r/{r}/result/{m}" for m in members]
-        present = self._await_keys(keys, grace)
+        timeout_s = self.config.timeout_s
+        grace = timeout_s if transport_ok else min(timeout_s, FAILURE_GRACE_S)
+        results = self._await_messages(r, "result", members, grace, connected_timeout_s=timeout_s)
         num_dropped_before = len(report.dropped)
         retry = []
-        for member, key, has_result in zip(members, keys, present, strict=True):
-            if not has_result:
-                self._drop(member, r, f"no result within {grace:.1f} s (died or hung)", report)
+        for member in members:
+            result = results[member]
+            if result is None:
+                self._drop(member, r, self._silence(member, "result", grace), report)
                 continue
-            result = json.loads(self._store.get(key))
             retry += self._classify(member, result, report)
         if retry or not transport_ok or len(report.dropped) > num_dropped_before:
             self._abandon_group()  # some member left this generation's group mid-round
@@ -298,32 +300,44 @@ class WeightSender:
         return retry
 
     def _send(self, r: int, generation: int, members: list[str], tensors, layout, report) -> bool:
+        peer_lost = self._peer_loss_check(members)
         try:
-            group = self._group_for(generation, members)
+            group = self._group_for(generation, members, peer_lost)
             start = time.monotonic()
-            checksums = self._broadcast(group, tensors, layout)
+            checksums = self._broadcast(group, tensors, layout, peer_lost)
             report.broadcast_seconds = time.monotonic() - start
             report.num_bytes = layout.total_nbytes
             report.generation = generation
             self._store.set(
-                f"r/{r}/digest", signed(self._token, {"round": r, "checksums": checksums})
+                f"r/{r}/digest",
+                rendezvous.sign_message(self._token, {"round": r, "checksums": checksums}),
             )
             return True
-        except (RuntimeError, WeightSyncTimeout) as error:
+        except (RuntimeError, WeightSyncError) as error:
             log.warning(
                 "weightsync: round %d broadcast failed (generation %d): %s", r, generation, error
             )
             self._abandon_group()
             self._store.set(
-                f"r/{r}/digest", signed(self._token, {"round": r, "abort": str(error)[:500]})
+                f"r/{r}/digest",
+                rendezvous.sign_message(self._token, {"round": r, "abort": str(error)[:500]}),
             )
             return False
 
+    def _peer_loss_check(self, members: list[str]) -> AbortCheck:
+        """An ``AbortCheck`` naming the first of ``members`` whose process died."""
+
+        def check() -> str | None:
+            dead = [m for m in members if self._admission.is_dead(m)]
+            return f"engine {dead[0]} died (its liveness connection closed)" if dead else None
+
+        return check
+
     def _classify(self, member: str, result: dict, report: SyncReport) -> list[str]:
         engine_id = self._admitted[member].engine_id
-        if result["kind"] == "ok":
+        if result.get("outcome") == "ok":
             report.members.append(engine_id)
-        elif result["kind"] == "transport":
+        elif result.get("outcome") == "transport":
             return [member]
         else:
             report.failed.append(engine_id)
@@ -344,7 +358,11 @@ class WeightSender:
         return []
 
     def _broadcast(
-        self, group: PeerGroup, tensors: dict[str, torch.Tensor], layout: protocol.Layout
+        self,
+        group: PeerGroup,
+        tensors: dict[str, torch.Tensor],
+        layout: protocol.Layout,
+        peer_lost: AbortCheck,
     ) -> list[int]:
         """Pack bucket k (and checksum it) while bucket k-1 is on the wire; two buffers."""
         buffers = self._send_buffers(layout)
@@ -354,7 +372,7 @@ class WeightSender:
         for bucket, nbytes in enumerate(layout.bucket_nbytes):
             slot = bucket % 2
             if in_flight[slot] is not None:
-                group.wait(in_flight[slot])
+                group.wait(in_flight[slot], peer_lost)
             buffer = buffers[slot][:nbytes]
             protocol.pack_bucket(buffer, layout.buckets[bucket], tensors)
             checksums.append(protocol.bucket_checksum(buffer, algo))
@@ -362,7 +380,7 @@ class WeightSender:
             in_flight[slot] = group.broadcast(buffer)
         for work in in_flight:
             if work is not None:
-                group.wait(work)
+                group.wait(work, peer_lost)
         return checksums
 
     def _before_send(self, bucket: int, buffer: torch.Tensor) -> None:
@@ -371,48 +389,57 @@ class WeightSender:
     # --- helpers -------------------------------------------------------------------------------
     def _open_round(self, candidates: list[str]) -> int:
         self._round += 1
-        self._store.set(f"r/{self._round}/call", json.dumps({"candidates": candidates}))
+        call = rendezvous.sign_message(
+            self._token, {"round": self._round, "candidates": candidates}
+        )
+        self._store.set(f"r/{self._round}/call", call)
         self._round_candidates[self._round] = list(candidates)
         counter = self._store.add("round", 1)
         assert counter == self._round, f"round counter {counter} != {self._round}: two trainers?"
         return self._round
 
-    def _await_keys(self, keys: list[str], timeout_s: float) -> list[bool]:
-        """Which of ``keys`` exist, waiting until all do or ``timeout_s`` has passed."""
-        deadline = time.monotonic() + timeout_s
-        present = [False] * len(keys)
-        while True:
-            present = [
-                ok or has_key(self._store, key) for ok, key in zip(present, keys, strict=True)
-            ]
-            if all(present) or time.monotonic() >= deadline:
-                return present
-            time.sleep(self.config.poll_s)
+    def _await_messages(
+        self,
+        r: int,
+        kind: str,
+        members: list[str],
+        timeout_s: float,
+        connected_timeout_s: float | None = None,
+    ) -> dict[str, dict | None]:
+        """Each member's verified ``r/<r>/<kind>/<member>`` message; None for a member whose
+        process died (known at once) or that sent nothing verifiable within ``timeout_s``
+        (``connected_timeout_s`` for one whose liveness connection is open)."""
+        start = time.monotonic()
+        got: dict[str, dict | None] = {}
+        while len(got) < len(members):
+            waited_s = time.monotonic() - start
+            for member in [m for m in members if m not in got]:
+                key = f"r/{r}/{kind}/{member}"
+                if has_key(self._store, key):
+                    expected = {"round": r, "member": member, "msg": kind}
+                    body = rendezvous.open_message(self._token, self._store.get(key), **expected)
+                    if body is not None:
+                        got[member] = body
+                        continue
+                limit_s = timeout_s
+                if connected_timeout_s is not None and self._admission.is_connected(member):
+                    limit_s = connected_timeout_s
+                if self._admission.is_dead(member) or waited_s >= limit_s:
+                    got[member] = None
+            if len(got) < len(members):
+                time.sleep(self.config.poll_s)
+        return got
+
+    def _silence(self, member: str, kind: str, timeout_s: float) -> str:
+        """Why ``member`` sent no ``kind`` message."""
+        if self._admission.is_dead(member):
+            return f"its process died (liveness connection closed) before its {kind}"
+        return f"no {kind} within {timeout_s:.1f} s (hung or unreachable)"
 
     def _drop(self, member: str, r: int, reason: str, report: SyncReport) -> None:
-        reg = self._admitted.pop(member)
-        self._dropped.add(member)
+        fields = {"round": r, "policy_version": report.policy_version}
+        reg = self._admission.drop(member, f"round {r}: {reason}", **fields)
         report.dropped.append(reg.engine_id)
-        self._store.set(f"dropped/{member}", reason)
-        log.error(
-            "weightsync: DROPPED engine %s (host %s, pid %d) in round %d, policy_version %d: %s",
-            member,
-            reg.host,
-            reg.pid,
-            r,
-            report.policy_version,
-            reason,
-        )
-        emit_event(
-            self.paths,
-            "weightsync_peer_dropped",
-            engine_id=reg.engine_id,
-            member=member,
-            host=reg.host,
-            round=r,
-            policy_version=report.policy_version,
-            reason=reason,
-        )
 
     def _generation_for(self, members: list[str]) -> int:
         if self._group is None or members != self._group_members:
@@ -422,20 +449,27 @@ class WeightSender:
             self._generation += 1
         return self._generation
 
-    def _group_for(self, generation: int, members: list[str]) -> PeerGroup:
+    def _group_for(
+        self, generation: int, members: list[str], should_abort: AbortCheck
+    ) -> PeerGroup:
         if self._group is None:
             self._group = PeerGroup(
-                self._store,
+                self._connect_store,
                 generation,
                 0,
                 len(members) + 1,
                 self.backend,
                 self.device,
                 self.config.timeout_s,
+                should_abort,
             )
             self._group_members = list(members)
         assert self._group.generation == generation
         return self._group
+
+    def _connect_store(self):
+        """A new client of the trainer's own store, for a group forming on another thread."""
+        return open_store(self._host, store_port(self._store), False, self.config.timeout_s)
 
     def _abandon_group(self) -> None:
         if self._group is not None:

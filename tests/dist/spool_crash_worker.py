@@ -11,6 +11,7 @@ writes ``STATE_DIR/up/<role>-<pid>`` once its imports are done, so kills hit rea
   ``batch_groups`` groups, checkpoints every ``checkpoint_steps`` steps (ledger + the
   history of sample ids per step), and appends each finished step to ``deliveries.jsonl``
   (including steps a later crash loses) to check that a resume replays the same batches.
+  It stops once every group arrived, or the writers are done and ``ready/`` is empty.
 * observer: fully reads and validates every shard it sees in ``ready/`` and ``claimed/``;
   any failure means a partial shard was visible.
 """
@@ -104,6 +105,10 @@ def _latest_checkpoint(checkpoint_dir: Path) -> dict | None:
 
 
 def _writers_done(state_dir: Path, args: argparse.Namespace) -> bool:
+    """Every writer published all its groups (and no ``STATE_DIR/hold`` asks to wait: the
+    storm test holds the consumer while a shard it corrupts is out of ``ready/``)."""
+    if (state_dir / "hold").exists():
+        return False
     for index in range(args.num_writers):
         progress_path = state_dir / f"writer{index}.json"
         if not progress_path.exists() or read_json(progress_path)["next_group"] < args.num_groups:
@@ -131,13 +136,16 @@ def run_consumer(spool_dir: Path, state_dir: Path, args: argparse.Namespace) -> 
         step, history = checkpoint["step"], checkpoint["history"]
     num_groups = sum(h["num_groups"] for h in history)
     total_groups = args.num_writers * args.num_groups
+    batch_groups = args.batch_groups
     with open(state_dir / "deliveries.jsonl", "a") as deliveries:
         while num_groups < total_groups:
             try:
-                groups = reader.next_batch(args.batch_groups, policy_version=0, timeout_s=2)
+                groups = reader.next_batch(batch_groups, policy_version=0, timeout_s=2)
             except SpoolTimeout:
                 if _writers_done(state_dir, args) and backlog(spool_dir).num_ready_groups == 0:
-                    break
+                    if batch_groups == 1:
+                        break
+                    batch_groups = 1  # groups were lost (quarantined): drain one at a time
                 continue
             step += 1
             ids = [s.sample_id for group in groups for s in group]

@@ -89,6 +89,28 @@ class Child:
             pytest.fail(f"{self.role} exited with {code}:\n{log}")
 
 
+def spool_children(run: RunPaths, state_dir: Path) -> list[Child]:
+    """The writers and the consumer of one spool (not started)."""
+    spool, state = str(run.spool_dir), str(state_dir)
+    children = [
+        Child(
+            f"writer{i}",
+            ["writer", spool, state, f"--index={i}", f"--num-groups={NUM_GROUPS}"],
+            state_dir,
+        )
+        for i in range(NUM_WRITERS)
+    ]
+    consumer_args = [
+        "consumer",
+        spool,
+        state,
+        f"--num-writers={NUM_WRITERS}",
+        f"--num-groups={NUM_GROUPS}",
+        f"--batch-groups={BATCH_GROUPS}",
+    ]
+    return [*children, Child("consumer", consumer_args, state_dir)]
+
+
 def _wait_for(condition, deadline: float, what: str, poll_s: float = 0.05) -> None:
     while not condition():
         if time.monotonic() > deadline:
@@ -147,25 +169,8 @@ def test_exactly_once_under_random_sigkill(tmp_path: Path) -> None:
     run = RunPaths(tmp_path / "run").create()
     state_dir = tmp_path / "state"
     state_dir.mkdir()
-    spool, state = str(run.spool_dir), str(state_dir)
-    children = [
-        Child(
-            f"writer{i}",
-            ["writer", spool, state, f"--index={i}", f"--num-groups={NUM_GROUPS}"],
-            state_dir,
-        )
-        for i in range(NUM_WRITERS)
-    ]
-    consumer_args = [
-        "consumer",
-        spool,
-        state,
-        f"--num-writers={NUM_WRITERS}",
-        f"--num-groups={NUM_GROUPS}",
-        f"--batch-groups={BATCH_GROUPS}",
-    ]
-    children.append(Child("consumer", consumer_args, state_dir))
-    observer = Child("observer", ["observer", spool, state], state_dir)
+    children = spool_children(run, state_dir)
+    observer = Child("observer", ["observer", str(run.spool_dir), str(state_dir)], state_dir)
     deadline = time.monotonic() + DEADLINE_S
     observer.start()
     for child in children:

@@ -7,6 +7,12 @@ updates and appends one JSON line per thing that happened to ``<root>/test_statu
 - ``normal``: a plain engine.
 - ``wrong_token``: presents a token that is not the run's.
 - ``die_after_v1``: SIGKILLs itself after the first bucket of its second network update.
+- ``die:<phase>:<version>``: SIGKILLs itself in the round that would bring ``version``,
+  at ``phase``: ``ready`` (after saying it is ready, before reading the plan),
+  ``formation`` (while the group forms: once its address is in the store, before its
+  peers connected to it), ``transfer`` (after the first bucket), ``verify``
+  (all buckets and the digest received, before checking them), ``load`` (inside its load
+  callback). It writes a ``dying`` status line first.
 
 The engine stops when ``<root>/test_status/stop`` exists.
 """
@@ -20,16 +26,21 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 import zlib
 from collections.abc import Callable, Mapping
+from datetime import timedelta
 from pathlib import Path
 
 import torch
+from torch._C._distributed_c10d import TCPStore
 
 from relax_hpc.paths import RunPaths
 from relax_hpc.weightsync import WeightReceiver, WeightSyncConfig, WeightSyncRefused
+from relax_hpc.weightsync.group import STORE_PREFIX
 from relax_hpc.weightsync.protocol import serve_dtype_of
+from relax_hpc.weightsync.rendezvous import read_trainer_endpoint
 
 STATUS_DIR = "test_status"
 
@@ -109,6 +120,68 @@ class _DyingReceiver(WeightReceiver):
             os.kill(os.getpid(), signal.SIGKILL)
 
 
+def _die() -> None:
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+class _PhaseKilledReceiver(WeightReceiver):
+    """Dies at ``phase`` of the round that would bring ``version`` (see the module doc)."""
+
+    def __init__(self, *args, phase: str, version: int, emit, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.phase, self.version, self.emit = phase, version, emit
+
+    def due(self, phase: str) -> bool:
+        # the round before ``version``'s brought version - 1 (0: the first broadcast)
+        due = self.phase == phase and (self.current_policy_version or 0) == self.version - 1
+        if due:
+            self.emit(event="dying", phase=phase, version=self.version)
+        return due
+
+    def _read_signed(self, key: str, timeout_s: float | None = None) -> dict:
+        if key.endswith("/plan") and self.due("ready"):
+            _die()
+        return super()._read_signed(key, timeout_s)
+
+    def _group_for(self, plan: dict):
+        if self.due("formation"):
+            rank = plan["members"].index(self._member) + 1
+            address_key = f"{STORE_PREFIX}/gen/{plan['generation']}/0/{rank}"
+            threading.Thread(target=self._die_once_published, args=(address_key,)).start()
+        return super()._group_for(plan)
+
+    def _die_once_published(self, address_key: str) -> None:
+        """Dies as soon as Gloo published this rank's address: its peers then try to
+        connect to a process that is gone (Gloo retries that for several timeouts)."""
+        endpoint = read_trainer_endpoint(self.paths)
+        watcher = TCPStore(endpoint.host, endpoint.port, None, False, timedelta(seconds=30))
+        while not watcher.check([address_key]):
+            time.sleep(0.001)
+        _die()
+
+    def _on_bucket_received(self, bucket: int) -> None:
+        if bucket == 0 and self.due("transfer"):
+            _die()
+
+    def _verify(self, manifest, checksums, digest) -> None:
+        if self.due("verify"):
+            _die()
+        super()._verify(manifest, checksums, digest)
+
+
+def _make_receiver(
+    paths: RunPaths, engine_id: str, mode: str, config: WeightSyncConfig, device: str, emit
+) -> WeightReceiver:
+    if mode.startswith("die:"):
+        _, phase, version = mode.split(":")
+        return _PhaseKilledReceiver(
+            paths, engine_id, config, device=device, phase=phase, version=int(version), emit=emit
+        )
+    token = "0" * 64 if mode == "wrong_token" else None
+    receiver_class = _DyingReceiver if mode == "die_after_v1" else WeightReceiver
+    return receiver_class(paths, engine_id, config, device=device, token=token)
+
+
 def _engine_main(
     root: Path, engine_id: str, mode: str, config: WeightSyncConfig, device: str
 ) -> int:
@@ -122,13 +195,13 @@ def _engine_main(
         log.write(json.dumps(record) + "\n")
 
     state: dict[str, torch.Tensor] = {}
+    receiver = _make_receiver(paths, engine_id, mode, config, device, emit)
 
     def load(tensors: Mapping[str, torch.Tensor]) -> None:
+        if isinstance(receiver, _PhaseKilledReceiver) and receiver.due("load"):
+            _die()
         state.update({name: tensor.clone() for name, tensor in tensors.items()})
 
-    token = "0" * 64 if mode == "wrong_token" else None
-    receiver_class = _DyingReceiver if mode == "die_after_v1" else WeightReceiver
-    receiver = receiver_class(paths, engine_id, config, device=device, token=token)
     receiver.join(load)
     emit(event="joined", version=receiver.current_policy_version, fingerprint=fingerprint(state))
     ready = receiver.ready_to_generate
@@ -163,7 +236,7 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser()
     parser.add_argument("root", type=Path)
     parser.add_argument("engine_id")
-    parser.add_argument("mode", choices=("normal", "wrong_token", "die_after_v1"))
+    parser.add_argument("mode", help="normal | wrong_token | die_after_v1 | die:<phase>:<v>")
     parser.add_argument("config_json")
     parser.add_argument("device", nargs="?", default="cpu")
     cli = parser.parse_args()

@@ -246,14 +246,26 @@ def kill_trainer(run_dir: Path) -> None:
     subprocess.run(["pkill", "-KILL", "-f", pattern], check=True, timeout=30)
 
 
+def wait_for_log_line(paths: RunPaths, text: str, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    log = paths.task_log("trainer", 0)
+    while time.monotonic() < deadline:
+        if log.exists() and text in log.read_text(errors="replace"):
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"no {text!r} in the trainer log within {timeout_s} s")
+
+
 @pytest.mark.slow
 def test_preempted_four_ways_the_sync_run_ends_as_if_never_interrupted(tmp_path, webhook_sink):
     """One sync-mode run, stopped four ways: an advance warning (USR1 to the batch shell:
     checkpoint, then requeue), a requeue by the operator (scontrol requeue: TERM, then the
     steps are killed), preemption by a job of partition ``hi``, and a SIGKILL of the trainer
     (no warning: resume from the last periodic checkpoint, steps after it are trained again).
-    It must finish with every sample trained exactly once and with the final weights of the
-    same run left alone (same seed), which runs beside it."""
+    The first start also gets an advance warning before its first training step (a
+    checkpoint of step 0, whose optimizer has never stepped). It must finish with every
+    sample trained exactly once and with the final weights of the same run left alone
+    (same seed), which runs beside it."""
     overrides = [
         "mode=sync",
         "max_staleness=0",
@@ -275,32 +287,39 @@ def test_preempted_four_ways_the_sync_run_ends_as_if_never_interrupted(tmp_path,
     job_id = str(read_json(paths.job_file)["job_id"])
     reference_id = str(read_json(RunPaths(reference_dir).job_file)["job_id"])
     try:
-        wait_for_restart_and_step(paths, "attempt", 4, timeout_s=600, resumed=False)
+        # The trainer has its stop handler from before it opens the weight-sync store, and
+        # trains its first step only once the rollout generated a batch: the warning comes
+        # before the first step.
+        wait_for_log_line(paths, "weightsync: trainer store at", timeout_s=600)
         subprocess.run(["scancel", "--batch", "--signal=USR1", job_id], check=True, timeout=30)
-        wait_for_restart_and_step(paths, f"attempt {job_id}.1", 7, timeout_s=600)
+        wait_for_restart_and_step(paths, f"attempt {job_id}.1", 4, timeout_s=600)
+        subprocess.run(["scancel", "--batch", "--signal=USR1", job_id], check=True, timeout=30)
+        wait_for_restart_and_step(paths, f"attempt {job_id}.2", 7, timeout_s=600)
         subprocess.run(["scontrol", "requeue", job_id], check=True, timeout=30)
-        wait_for_restart_and_step(paths, f"attempt {job_id}.2", 10, timeout_s=600)
+        wait_for_restart_and_step(paths, f"attempt {job_id}.3", 10, timeout_s=600)
         preempt_from_partition_hi(job_id)
-        wait_for_restart_and_step(paths, f"attempt {job_id}.3", 14, timeout_s=600)
+        wait_for_restart_and_step(paths, f"attempt {job_id}.4", 14, timeout_s=600)
         kill_trainer(run_dir)  # at step >= 14; periodic checkpoints every 4 steps
         # Read before the next start can train (and so checkpoint) anything.
         last_complete = latest_checkpoint(paths).step
-        wait_for_restart_and_step(paths, f"attempt {job_id}.4", 15, timeout_s=600)
+        wait_for_restart_and_step(paths, f"attempt {job_id}.5", 15, timeout_s=600)
         state = wait_for_job(job_id, timeout_s=900)
         reference_state = wait_for_job(reference_id, timeout_s=900)
     finally:
         subprocess.run(["scancel", job_id, reference_id], capture_output=True, timeout=30)
     assert (state, reference_state) == ("COMPLETED", "COMPLETED"), logs(run_dir)
     trainer_log = paths.task_log("trainer", 0).read_text()
-    assert trainer_log.count("trainer: resumed from") == 4, trainer_log[-3000:]
-    killed_start = trainer_log.split(f"attempt {job_id}.3")[1].split(f"attempt {job_id}.4")[0]
+    assert trainer_log.count("trainer: resumed from") == 5, trainer_log[-3000:]
+    assert "stopping at step 0 " in trainer_log.split(f"attempt {job_id}.1")[0]
+    assert resumed_step(trainer_log, f"attempt {job_id}.1") == 0, "not before the first step"
+    killed_start = trainer_log.split(f"attempt {job_id}.4")[1].split(f"attempt {job_id}.5")[0]
     assert "stopping at step" not in killed_start  # no warning, no checkpoint on the way out
-    resumed_3, resumed_4 = (resumed_step(trainer_log, f"attempt {job_id}.{n}") for n in (3, 4))
+    resumed_4, resumed_5 = (resumed_step(trainer_log, f"attempt {job_id}.{n}") for n in (4, 5))
     # The last complete checkpoint before the kill: periodic, or hi's preemption checkpoint
     # when the kill came before the next multiple of 4.
-    assert resumed_4 == last_complete, (resumed_4, last_complete)
-    assert resumed_4 % 4 == 0 or resumed_4 == resumed_3, (resumed_3, resumed_4)
-    assert trainer_log.count("stopping at step") >= 2  # USR1 and hi's preemption checkpointed
+    assert resumed_5 == last_complete, (resumed_5, last_complete)
+    assert resumed_5 % 4 == 0 or resumed_5 == resumed_4, (resumed_4, resumed_5)
+    assert trainer_log.count("stopping at step") >= 3  # both USR1 and hi's preemption
     surviving = read_json(paths.consumed_sample_ids)
     assert len(surviving) == 18
     from relax_hpc.spool import check_exactly_once
@@ -314,10 +333,10 @@ def test_preempted_four_ways_the_sync_run_ends_as_if_never_interrupted(tmp_path,
     different = [name for name in ours if not torch.equal(ours[name], theirs[name])]
     assert different == [], different
     events = [title.split(": ", 1)[1] for title in webhook_sink.titles()]
-    # The batch shell tells each requeue it lives through (the advance warning, hi's
+    # The batch shell tells each requeue it lives through (both advance warnings, hi's
     # preemption, the killed trainer); an operator's requeue ends the shell itself, so that
     # one is told by the next start's "resumed".
-    assert events.count("preempted, requeued") == 3, events
-    assert sum(e.startswith("resumed") for e in events) == 4 and events[-1] == "finished"
+    assert events.count("preempted, requeued") == 4, events
+    assert sum(e.startswith("resumed") for e in events) == 5 and events[-1] == "finished"
     status = operator_status(run_dir)
-    assert "starts: 5 (restarts 4)" in status.stdout, status.stdout
+    assert "starts: 6 (restarts 5)" in status.stdout, status.stdout

@@ -70,3 +70,13 @@ def test_every_test_folder_is_collected_by_the_plain_command(tmp_path):
 def test_the_guard_sees_a_skipped_folder(tmp_path):
     """pytest's old default (``dist`` in norecursedirs) is caught."""
     assert missed_folders(tmp_path, "-o", "norecursedirs=dist .*") == ["tests/dist"]
+
+
+def test_test_module_names_are_unique():
+    """Test folders have no ``__init__.py``, so pytest imports each test module by its bare
+    name: two files of one name in different folders stop the whole collection."""
+    names: dict[str, list[str]] = {}
+    for path in sorted(modules_on_disk()):
+        names.setdefault(path.name, []).append(str(path.parent.relative_to(REPO)))
+    clashes = {name: folders for name, folders in names.items() if len(folders) > 1}
+    assert clashes == {}, f"rename one of each: {clashes}"

@@ -6,7 +6,6 @@ import json
 
 import pytest
 import torch
-from conftest import TRANSFORMERS5_ROPE_THETA
 from transformers import AutoTokenizer
 
 from relax_hpc.config import ConfigError
@@ -34,7 +33,9 @@ def test_a_transformers5_tokenizer_falls_back_to_tokenizer_json(transformers5_fo
 
 def test_a_transformers5_config_keeps_its_rope_theta(transformers5_folder):
     folder, saved_model, saved_tokenizer = transformers5_folder
-    assert load_model_config(folder).rope_theta == TRANSFORMERS5_ROPE_THETA
+    # the value transformers 5 wrote under rope_parameters, not 4.x's default of 10000
+    written = json.loads((folder / "config.json").read_text())["rope_parameters"]
+    assert load_model_config(folder).rope_theta == written["rope_theta"] != 10000.0
     model = load_causal_lm(str(folder), torch.float32)
     ids = torch.tensor([saved_tokenizer("The area is 12 cm^2. " * 6)["input_ids"]])
     with torch.no_grad():  # positions far apart: a wrong rope_theta changes the logits

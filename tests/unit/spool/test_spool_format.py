@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import h5py
@@ -94,6 +95,66 @@ def test_writer_rejects_bad_groups(tmp_path: Path, groups, message: str) -> None
     with pytest.raises(ValueError, match=message):
         write_shard_file(tmp_path / "x.h5", groups, "w", 0.0)
     assert not (tmp_path / "x.h5").exists()
+
+
+def _dataset_names(path: Path) -> list[str]:
+    names: list[str] = []
+    with h5py.File(path, "r") as h5:
+        h5.visititems(
+            lambda name, obj: names.append(name) if isinstance(obj, h5py.Dataset) else None
+        )
+    return sorted(names)
+
+
+def _flip_stored_byte(path: Path, dataset: str) -> None:
+    """Flip one bit of ``dataset``'s stored bytes in the file itself (not through HDF5)."""
+    with h5py.File(path, "r") as h5:
+        offset = h5[dataset].id.get_offset()
+        size = h5[dataset].id.get_storage_size()
+    assert offset is not None and size > 0, dataset
+    with open(path, "r+b") as handle:
+        handle.seek(offset + size // 2)
+        byte = handle.read(1)
+        handle.seek(offset + size // 2)
+        handle.write(bytes([byte[0] ^ 0x10]))
+
+
+def test_a_flipped_payload_byte_in_any_dataset_is_caught_and_named(tmp_path: Path) -> None:
+    groups = [[make_full_sample("a0", "ga", 1), make_full_sample("a1", "ga", 2)]]
+    pristine = _write(tmp_path / "pristine.h5", groups)
+    datasets = _dataset_names(pristine)
+    assert len(datasets) >= 25  # every kind of column, images and audio included
+    missed = []
+    for dataset in datasets:
+        path = tmp_path / "s.h5"
+        shutil.copyfile(pristine, path)
+        _flip_stored_byte(path, dataset)
+        try:
+            read_shard(path)
+            missed.append(dataset)
+        except ShardCorruptError as error:
+            assert f"checksum mismatch in dataset '{dataset}'" in str(error)
+    assert missed == [], "a flipped byte in these datasets was delivered silently"
+
+
+def test_a_changed_header_attribute_is_caught(tmp_path: Path) -> None:
+    path = _write(tmp_path / "s.h5", [make_group("g")])
+    with h5py.File(path, "r+") as h5:
+        h5.attrs["created_unix_s"] = 1.0
+    with pytest.raises(ShardCorruptError, match="header checksum mismatch"):
+        read_shard(path)
+
+
+def test_a_shard_without_checksums_is_not_trusted(tmp_path: Path) -> None:
+    path = _write(tmp_path / "s.h5", [make_group("g")])
+    with h5py.File(path, "r+") as h5:
+        del h5.attrs["checksums"]
+    with pytest.raises(ShardCorruptError, match="missing attribute 'checksums'"):
+        read_shard(path)
+    with h5py.File(path, "r+") as h5:
+        h5.attrs["schema_version"] = 1  # the version before checksums
+    with pytest.raises(ShardCorruptError, match="schema_version 1 carries no payload checksums"):
+        read_shard(path)
 
 
 def test_newer_schema_version_is_a_clear_error(tmp_path: Path) -> None:

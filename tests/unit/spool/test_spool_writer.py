@@ -29,6 +29,7 @@ from relax_hpc.spool.layout import (
     list_names,
     original_name,
     parse_claimed,
+    tmp_writer_pid,
 )
 from relax_hpc.spool.quarantine import clean_abandoned_tmp
 from relax_hpc.spool.writer import split_into_shards
@@ -114,9 +115,29 @@ def test_abandoned_temp_files_are_cleaned_safely(tmp_path: Path) -> None:
     remote = layout.tmp_dir / f"{name}.other-node.1.0badf00d.tmp"
     old_remote = layout.tmp_dir / f"{name}.other-node.2.0badf00d.tmp"
     status_tmp = layout.spool_dir / f"reader.json.{host}.{_dead_pid()}.12345678.tmp"
-    for path in (dead, alive, remote, old_remote, status_tmp):
+    # a quarantine reason: ".h5." before the host must not be taken for the host's start
+    reason = f"c0000000001-{name}.reason.json"
+    reason_tmp = layout.quarantine_dir / f"{reason}.{host}.{_dead_pid()}.0badf00d.tmp"
+    old_reason_tmp = layout.quarantine_dir / f"{reason}.other-node.3.0badf00d.tmp"
+    claimed_tmp = layout.claimed_dir / f"c0000000002-{name}.{host}.{_dead_pid()}.0badf00d.tmp"
+    for path in (dead, alive, remote, old_remote, status_tmp, reason_tmp, old_reason_tmp,
+                 claimed_tmp):  # fmt: skip
         path.write_bytes(b"partial")
-    os.utime(old_remote, (time.time() - 7200, time.time() - 7200))
+    for path in (old_remote, old_reason_tmp):
+        os.utime(path, (time.time() - 7200, time.time() - 7200))
     deleted = clean_abandoned_tmp(layout, max_age_s=3600)
-    assert sorted(deleted) == sorted([dead.name, old_remote.name, status_tmp.name])
+    assert sorted(deleted) == sorted(
+        p.name for p in (dead, old_remote, status_tmp, reason_tmp, old_reason_tmp, claimed_tmp)
+    )
     assert alive.exists() and remote.exists()
+
+
+@pytest.mark.parametrize("host", ["node1", "node1.cluster.example", "n-7_a"])
+def test_a_temp_name_gives_its_writer_pid_only_for_its_own_host(host: str) -> None:
+    shard = ShardName(1, "w", 0, "00000000", 0, 1, 1).name
+    for final in (shard, "reader.json", f"c0000000001-{shard}.reason.json", "w.1.json"):
+        name = f"{final}.{host}.4242.0badf00d.tmp"
+        assert tmp_writer_pid(name, host) == 4242, name
+        assert tmp_writer_pid(name, "other") is None
+        assert tmp_writer_pid(name, host.split(".")[0] + "x") is None
+    assert tmp_writer_pid(shard, host) is None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import stat
 
 import pytest
@@ -90,3 +91,29 @@ def test_config_errors_name_the_field(field, value):
     config = WeightSyncConfig(**{field: value})
     with pytest.raises(ValueError, match=rf"^weightsync\.{field}="):
         config.validate()
+
+
+def test_signed_messages_verify_only_unchanged_and_in_their_place():
+    token = rendezvous.new_token()
+    value = rendezvous.sign_message(token, {"round": 3, "member": "e1.x", "msg": "ready"})
+    assert rendezvous.open_message(token, value, round=3, member="e1.x")["msg"] == "ready"
+    assert rendezvous.open_message(token, value, round=4) is None, "replayed into round 4"
+    assert rendezvous.open_message(token, value, member="e2.y") is None, "another member's"
+    assert rendezvous.open_message(rendezvous.new_token(), value) is None, "another token"
+    tampered = value.replace('"ready"', '"result"')
+    for bad in (tampered, value[: len(value) // 2], "{}", "not json", b"\xff"):
+        assert rendezvous.open_message(token, bad) is None
+
+
+def test_a_registration_file_under_another_members_name_is_ignored(tmp_path):
+    paths = RunPaths(tmp_path).create()
+    live = rendezvous.EngineRegistration("e1", "inc1", "trainer", "node2", 7)
+    rendezvous.register_engine(paths, live)
+    intruder = rendezvous.EngineRegistration("e1", "inc2", "trainer", "node3", 9)
+    rendezvous.register_engine(paths, intruder)  # same engine id: its own file, not e1's
+    (rendezvous.engines_dir(paths) / "e1.inc3.json").write_text(
+        rendezvous.json.dumps(dataclasses.asdict(intruder))
+    )
+    assert rendezvous.list_engine_registrations(paths) == [live, intruder]
+    rendezvous.deregister_engine(paths, intruder)
+    assert rendezvous.list_engine_registrations(paths) == [live]
