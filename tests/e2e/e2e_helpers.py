@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from relax_hpc.paths import RunPaths, read_json
@@ -75,3 +76,31 @@ def scalars(folder: Path) -> dict[str, list[float]]:
     return {
         tag: [e.value for e in accumulator.Scalars(tag)] for tag in accumulator.Tags()["scalars"]
     }
+
+
+def wait_for_step(status_path, step: int, process, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        assert process.poll() is None, "the run ended before the trainer was killed"
+        try:
+            if read_json(status_path)["step"] >= step:
+                return
+        except (FileNotFoundError, ValueError, KeyError):
+            pass
+        time.sleep(0.2)
+    raise AssertionError(f"the trainer did not reach step {step} in {timeout_s} s")
+
+
+def is_running(pid: int) -> bool:
+    """Alive and not a zombie (an orphan's exit may wait for an init that never reaps)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def run_task_pids(run_dir) -> list[int]:
+    pattern = f"relax_hpc.component (trainer|rollout) --run-dir {run_dir}"
+    found = subprocess.run(["pgrep", "-f", pattern], capture_output=True, text=True, timeout=30)
+    return [int(pid) for pid in found.stdout.split()]

@@ -7,7 +7,6 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 import torch
@@ -15,10 +14,13 @@ from e2e_helpers import (
     REPO,
     eval_history,
     failure_report,
+    is_running,
+    run_task_pids,
     scalars,
     submit,
     submit_command,
     submit_env,
+    wait_for_step,
 )
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -140,19 +142,6 @@ def test_export_loads_in_transformers_and_matches_the_checkpoint(learned_run, tm
     assert correct >= 0.7 * len(pairs), f"{correct}/{len(pairs)}"
 
 
-def wait_for_step(status_path, step: int, process, timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        assert process.poll() is None, "the run ended before the trainer was killed"
-        try:
-            if read_json(status_path)["step"] >= step:
-                return
-        except (FileNotFoundError, ValueError, KeyError):
-            pass
-        time.sleep(0.2)
-    raise AssertionError(f"the trainer did not reach step {step} in {timeout_s} s")
-
-
 def test_sigkilled_trainer_resumes_from_the_last_checkpoint(tmp_path):
     run_dir = tmp_path / "run"
     overrides = [
@@ -191,21 +180,6 @@ def test_sigkilled_trainer_resumes_from_the_last_checkpoint(tmp_path):
     }
     assert published, "keep_consumed should retain the consumed shards"
     assert not check_exactly_once(published | {s for step in surviving for s in step}, surviving)
-
-
-def is_running(pid: int) -> bool:
-    """Alive and not a zombie (an orphan's exit may wait for an init that never reaps)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except FileNotFoundError:
-        return False
-    return stat.rsplit(")", 1)[1].split()[0] != "Z"
-
-
-def run_task_pids(run_dir) -> list[int]:
-    pattern = f"relax_hpc.component (trainer|rollout) --run-dir {run_dir}"
-    found = subprocess.run(["pgrep", "-f", pattern], capture_output=True, text=True, timeout=30)
-    return [int(pid) for pid in found.stdout.split()]
 
 
 def test_a_sigkilled_supervisor_leaves_no_task_behind(tmp_path):

@@ -32,6 +32,24 @@ def test_progress_line_shows_rate_eta_and_eval(tmp_path, fake_clock):
     assert stream.getvalue().startswith("relax_hpc: [")  # not a terminal: whole lines
 
 
+def test_progress_line_of_a_multi_turn_run_shows_its_episodes(tmp_path, fake_clock):
+    paths = RunPaths(tmp_path).create()
+    reporter = ProgressReporter(paths, total_steps=10, stream=io.StringIO(), clock=fake_clock())
+    atomic_write_json(paths.trainer_status, {"step": 2, "metrics": {"reward/mean": 0.5}})
+    assert "turns" not in reporter.line()  # single-turn runs: no episode figures
+    episodes = {
+        "agent/turns_mean": 1.85,
+        "agent/tool_calls_mean": 0.9,
+        "agent/tool_error_rate": 0.125,
+        "agent/tool_timeouts": 3.0,
+        "agent/response_tokens_mean": 47.4,
+        "agent/observation_token_share": 0.32,
+    }
+    atomic_write_json(paths.rollout_status(0), {"step": 3, "metrics": episodes})
+    line = reporter.line()
+    assert "| turns 1.9, tools 0.90/ep (failed 12%, timeouts 3), len 47 (obs 32%) |" in line
+
+
 def test_summary_of_a_finished_run(tmp_path):
     paths = RunPaths(tmp_path).create()
     atomic_write_json(
