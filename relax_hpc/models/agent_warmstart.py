@@ -6,13 +6,13 @@ demonstration is an episode written the way the rollout writes it: the prompt, t
 turns (the loss is on these), and between them the observations rendered by the chat
 template exactly as the episode driver renders them (``models.chat_format``; no loss).
 
-- ``calculator_warm_start`` (grpo_tiny_calculator): grpo_tiny's cached sloppy warm start,
-  its vocabulary grown by the four tool-call tags (``model.tokenizer: char_tools``), then
-  trained on a mix: ``tool_share`` of the demonstrations call the calculator
-  (``<tool_call>{"name":"calc","arguments":{"expr":"37+48"}}</tool_call>``), read its
-  answer (``85``) and answer right, least-significant digit first (``58``); the others
-  answer like the sloppy teacher. The result calls the tool in about half of its episodes
-  and copies well when it does: GRPO then finds that calling pays.
+- ``calculator_warm_start`` (grpo_tiny_calculator): a model of ``model.arch`` with the
+  tool-call tags as single tokens (``model.tokenizer: char_tools``) trained from scratch on
+  a mix: ``tool_share`` of the demonstrations call the calculator
+  (``<tool_call>{"name":"calc","arguments":{"expr":"3+8"}}</tool_call>``), read its answer
+  (``11``) and answer right, least-significant digit first; the others answer like a
+  sloppy teacher that forgets carries. The result calls the tool in about half of its
+  episodes and copies well when it does: GRPO then finds that calling pays.
 - ``guess_warm_start`` (grpo_tiny_guess): a model trained from scratch on games played by
   a sloppy guesser that follows the higher/lower replies only sometimes.
 
@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from transformers import AutoModelForCausalLM, PreTrainedModel
+from transformers import PreTrainedModel
 from transformers.tokenization_utils_base import PreTrainedTokenizerBase
 
 from relax_hpc.config.schema import DataConfig, ModelConfig
@@ -42,7 +42,6 @@ from relax_hpc.models.build import build_causal_lm, build_tokenizer
 from relax_hpc.models.chat_format import ChatFormat
 from relax_hpc.models.warmstart import (
     SupervisedBatch,
-    WarmStartConfig,
     cached_training,
     fit_supervised,
     pad_rows,
@@ -50,12 +49,11 @@ from relax_hpc.models.warmstart import (
     warm_start,
 )
 
-AGENT_WARMSTART_VERSION = 1  # bump when a recipe below changes
+AGENT_WARMSTART_VERSION = 2  # bump when a recipe below changes
 CALCULATOR_ENVIRONMENT = "calculator"
 # The calculator environment's tool, as rollout/envs/calculator.py declares it.
 CALC_NAME, CALC_ARGUMENT = "calc", "expr"
 
-GRPO_TINY_RECIPE = WarmStartConfig()  # the base of the calculator recipe
 Row = tuple[list[int], list[int]]  # (input ids, labels: -100 where there is no loss)
 
 
@@ -63,23 +61,25 @@ Row = tuple[list[int], list[int]]  # (input ids, labels: -100 where there is no 
 class ToolWarmStartConfig:
     """The calculator recipe (fields shared with ``WarmStartConfig`` mean the same).
 
-    What matters is how reliably a *sampled* tool call copies the operands and reverses the
-    tool's answer: GRPO prefers the tool only where its path beats the direct answer.
-    Measured on 2 shared cores (docs/agents.md), sampling at temperature 1: lr 1e-2 for 400
-    steps left 52% of the tool episodes right (GRPO then hardly learned to call), 1.5e-2
-    64%, 2e-2 81% (500 steps: 85%); 3e-2 diverged.
+    Sized for CI (the whole learning test, warm start included, in minutes on 2 cores) on
+    1-digit operands. Copying the operands into the call is learned suddenly (the loss leaves
+    a plateau at ~0.18), and when depends on the seed. Measured on this task and split
+    (teacher-forced, held-out pairs), 250 steps: seed 0 writes the tool path right with
+    probability 0.98 at lr 1.5e-2 (0.97 at 1e-2); seeds 1 and 2 stayed on the plateau at
+    1.5e-2 (0.03, 0.01); a larger tool share did not make the escape reliable. Direct
+    answers are right on few held-out pairs (~3-10%: a lookup of the train pairs).
     """
 
-    steps: int = 500
-    batch_size: int = 64
-    lr: float = 2e-2
-    warmup_steps: int = 30
+    steps: int = 250
+    batch_size: int = 32
+    lr: float = 1.5e-2
+    warmup_steps: int = 25
     decay_fraction: float = 0.3
     min_lr_ratio: float = 0.05
     weight_decay: float = 0.0
     grad_clip: float = 1.0
     tool_share: float = 0.5  # demonstrations that call the calculator (and then answer right)
-    forget_carry_prob: float = 0.7  # the others answer like grpo_tiny's sloppy teacher
+    forget_carry_prob: float = 1.0  # the others answer like a teacher that forgets carries
     seed: int = 0
 
 
@@ -124,27 +124,28 @@ def calculator_warm_start(
     data_cfg: DataConfig,
     cache_dir: Path,
     cfg: ToolWarmStartConfig = ToolWarmStartConfig(),
-    base_cfg: WarmStartConfig = GRPO_TINY_RECIPE,
     split_seed: int = 0,
 ) -> Path:
-    """grpo_tiny's warm start (``base_cfg``), grown to ``model.tokenizer`` and taught to
-    call ``calc``."""
-    char_model = dataclasses.replace(model_cfg, tokenizer="char")
-    base = warm_start(char_model, data_cfg, cache_dir, base_cfg, split_seed)
+    """A model of ``model.arch`` taught, sloppily, to answer or to call ``calc``."""
+    if data_cfg.kind != "synthetic_addition":
+        raise ValueError(f"the calculator is for data.kind=synthetic_addition, not {data_cfg.kind}")
+    if model_cfg.path is not None:
+        raise ValueError("the warm start builds its model from model.arch; set model.path=null")
     tokenizer = build_tokenizer(model_cfg)
     chat = ChatFormat(tokenizer)
     key_fields = {
         "version": AGENT_WARMSTART_VERSION,
         "recipe": dataclasses.asdict(cfg),
-        "base": base.name,  # its key covers the architecture, the task and its recipe
+        "architecture": model_cfg.architecture,
+        "arch": model_cfg.arch,
         **tokenizer_fields(tokenizer),
+        "digits": data_cfg.digits,
+        "eval_size": data_cfg.eval_size,
         "split_seed": split_seed,
     }
 
     def train() -> tuple[PreTrainedModel, PreTrainedTokenizerBase, float]:
-        model = AutoModelForCausalLM.from_pretrained(str(base), local_files_only=True)
-        # New rows start at the mean of the old embeddings (transformers' default).
-        model.resize_token_embeddings(len(tokenizer))
+        model = build_causal_lm(model_cfg, tokenizer, torch.float32, seed=cfg.seed)
         task = AdditionTask(data_cfg.digits, data_cfg.eval_size, split_seed)
         generator = torch.Generator().manual_seed(cfg.seed)
         rng = random.Random(cfg.seed)
