@@ -14,7 +14,7 @@ import random
 from collections.abc import Sequence
 
 import pytest
-from test_models_warmstart import ARCH, RECIPE
+from test_models_warmstart import ARCH
 
 from relax_hpc.config.schema import DataConfig, ModelConfig
 from relax_hpc.models.agent_warmstart import (
@@ -174,17 +174,20 @@ def test_the_sloppy_guesser_heeds_the_replies_only_sometimes():
 def test_the_agent_recipes_train_cache_and_key_like_grpo_tiny(tmp_path):
     model = ModelConfig(name="t", tokenizer="char_tools", arch=ARCH)
     tiny_tool = ToolWarmStartConfig(steps=3, batch_size=8, warmup_steps=1)
-    folder = calculator_warm_start(model, ADDITION, tmp_path, tiny_tool, RECIPE)
+    folder = calculator_warm_start(model, ADDITION, tmp_path, tiny_tool)
     metadata = json.loads((folder / "warmstart.json").read_text())
-    base = warm_start(dataclasses.replace(model, tokenizer="char"), ADDITION, tmp_path, RECIPE)
-    assert metadata["inputs"]["base"] == base.name  # grown from grpo_tiny's (here tiny) recipe
+    assert metadata["inputs"]["arch"] == ARCH and metadata["inputs"]["digits"] == 1
     grown = warm_started_model_config(model, folder)
     tokenizer = build_tokenizer(grown)
     assert len(tokenizer) == 105 and tokenizer.chat_template == build_char_tokenizer().chat_template
     assert build_causal_lm(grown, tokenizer).get_input_embeddings().weight.shape[0] == 105
-    assert calculator_warm_start(model, ADDITION, tmp_path, tiny_tool, RECIPE) == folder
+    assert calculator_warm_start(model, ADDITION, tmp_path, tiny_tool) == folder
     other = dataclasses.replace(tiny_tool, tool_share=0.9)
-    assert calculator_warm_start(model, ADDITION, tmp_path, other, RECIPE) != folder
+    assert calculator_warm_start(model, ADDITION, tmp_path, other) != folder
+    two_digits = dataclasses.replace(ADDITION, digits=2)
+    assert calculator_warm_start(model, two_digits, tmp_path, tiny_tool) != folder
+    with pytest.raises(ValueError, match="data.kind=synthetic_addition"):
+        calculator_warm_start(model, GUESS, tmp_path, tiny_tool)
 
     tiny_guess = GuessWarmStartConfig(steps=3, batch_size=8, warmup_steps=1)
     guess = guess_warm_start(
