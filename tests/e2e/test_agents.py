@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import time
@@ -223,6 +224,7 @@ def calculator_runs(tmp_path_factory):
         )
         assert result.returncode == 0, failure_report(result, run_dir)
         runs[arm] = RunPaths(run_dir)
+        runs[f"{arm}_stderr"] = result.stderr
     return runs
 
 
@@ -248,6 +250,10 @@ def test_the_calculator_agent_learns_to_call_the_tool(calculator_runs):
     rollout = scalars(tool.rollout_tensorboard_dir(0))
     assert len(rollout["eval/tool_call_rate"]) == 3 and min(rollout["eval/tool_call_rate"]) > 0.8
     assert min(rollout["agent/turns_mean"]) > 1
+    # The progress line shows the episodes too.
+    stderr = calculator_runs["tool_stderr"]
+    episodes = r"turns [\d.]+, tools [\d.]+/ep \(failed \d+%, timeouts \d+\), len \d+ \(obs \d+%\)"
+    assert re.search(episodes, stderr), stderr[-2000:]
 
 
 @pytest.mark.slow
