@@ -82,15 +82,41 @@ class _Syncs:
 
 
 class _Corrupter:
-    """Flips one payload bit of ``count`` published shards, each out of ``ready/`` meanwhile."""
+    """Flips one payload bit of ``count`` published shards, each out of ``ready/`` meanwhile.
+
+    It polls ``ready/`` on a thread of its own: the consumer claims shards within
+    milliseconds of their publication, so a corrupter that only looked between kills could
+    find ``ready/`` empty every time (and then wait forever for its shards)."""
 
     def __init__(self, layout: SpoolLayout, aside_dir: Path, count: int, rng) -> None:
         self.layout, self.aside_dir, self.count, self.rng = layout, aside_dir, count, rng
         self.corrupted: dict[str, list[str]] = {}  # shard name -> its sample ids
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=DEADLINE_S)
+
+    def finish(self, deadline: float) -> None:
+        """Wait until ``count`` shards are corrupted; fail the test at ``deadline``."""
+        self._thread.join(timeout=max(0.0, deadline - time.monotonic()))
+        self.stop()
+        assert len(self.corrupted) == self.count, (
+            f"only {len(self.corrupted)} of {self.count} shards corrupted before the deadline"
+        )
+
+    def _run(self) -> None:
+        while len(self.corrupted) < self.count and not self._stop.is_set():
+            self.maybe_corrupt_one()
+            time.sleep(0.005)
 
     def maybe_corrupt_one(self) -> None:
         names = [n for n in list_names(self.layout.ready_dir) if n not in self.corrupted]
-        if len(self.corrupted) >= self.count or not names:
+        if not names:
             return
         name = self.rng.choice(names)
         aside = self.aside_dir / name
@@ -99,19 +125,19 @@ class _Corrupter:
         except FileNotFoundError:
             return
         _, groups = read_shard(aside)
-        self.corrupted[name] = [s.sample_id for g in groups for s in g]
+        sample_ids = [s.sample_id for g in groups for s in g]
         flip_stored_byte(aside, self.rng.choice(["response/token_ids", "prompt/token_ids"]))
         os.rename(aside, self.layout.ready_dir / name)
+        self.corrupted[name] = sample_ids
 
 
-def _storm(children, receivers, corrupter, paths, config, deadline) -> Counter:
-    """Kill spool processes and receivers at random, corrupting shards in between."""
+def _storm(children, receivers, paths, config, deadline) -> Counter:
+    """Kill spool processes and receivers at random (the corrupter works meanwhile)."""
     rng = random.Random(SEED)
     kills: Counter = Counter()
     while kills["spool"] < NUM_SPOOL_KILLS or kills["receiver"] < NUM_RECEIVER_KILLS:
         time.sleep(rng.uniform(0.05, 0.4))
         assert time.monotonic() < deadline, f"storm ran past its deadline: {kills}"
-        corrupter.maybe_corrupt_one()
         for child in children:
             child.check_not_failed()
         if kills["receiver"] < NUM_RECEIVER_KILLS and rng.random() < 0.25:
@@ -172,17 +198,20 @@ def test_storm_of_kills_and_corruption(tmp_path: Path) -> None:
         wait_until(lambda: syncs.sender.admit_pending() and "steady" in
                    syncs.sender.admitted_engines, 120, "the steady receiver")  # fmt: skip
         syncs.start()
+        corrupter.start()
         for child in children:
             child.start()
-        kills = _storm(children, receivers, corrupter, run, config, deadline)
-        while len(corrupter.corrupted) < NUM_CORRUPTIONS and any(c.running() for c in children):
-            corrupter.maybe_corrupt_one()
-            time.sleep(0.05)
+        kills = _storm(children, receivers, run, config, deadline)
+        corrupter.finish(deadline)
         (state_dir / "hold").unlink()
         _wait_for(lambda: not any(c.running() for c in children), deadline, "the spool side")
         for child in children:
             child.check_not_failed()
     finally:
+        corrupter.stop()
+        for child in children:
+            if child.running():  # the consumer waits on "hold" forever after a failure
+                child.kill()
         syncs.stop()
         stop_engines(run.root, [steady, *receivers.values()])
     spool = _check_spool(run, state_dir, corrupter.corrupted)

@@ -123,6 +123,8 @@ def _kill_randomly(children: list[Child], deadline: float) -> Counter:
     kills: Counter = Counter()
     while sum(kills.values()) < NUM_KILLS and any(c.running() for c in children):
         time.sleep(rng.uniform(0.02, 0.3))  # the random moment of the next kill
+        if time.monotonic() > deadline:
+            pytest.fail(f"kill phase ran past the deadline after {dict(kills)}")
         for child in children:
             child.check_not_failed()
         victims = [c for c in children if c.running() and c.up()]
@@ -134,8 +136,6 @@ def _kill_randomly(children: list[Child], deadline: float) -> Counter:
         victim.kill()
         victim.start()
         kills[victim.role.rstrip("0123456789")] += 1
-        if time.monotonic() > deadline:
-            pytest.fail("kill phase ran past the deadline")
     return kills
 
 
