@@ -1,7 +1,9 @@
 """A user's environment with misbehaving tools, run as ``agent_user_env:FaultyToolsEnv``.
 
 Imported by name by the rollout (``rollout.environment``) and by its tool workers (the
-sandbox hands them the rollout's ``sys.path``), so it stays cheap to import. The e2e runs
+sandbox hands them the rollout's ``sys.path``), so it stays cheap to import. Most of its
+tools are the misbehaving ones of ``tests/unit/rollout/agent_fixtures.py`` (the e2e test
+puts both folders on ``PYTHONPATH``). The e2e runs
 start from a randomly initialised model, which writes no valid tool call: the environment
 makes the episode's call itself (everything it goes through - the driver, the sandbox and
 its limits, the masks, the spool - is real). Each episode, from its seed:
@@ -19,9 +21,7 @@ knows a step (a tool call) is in flight.
 
 from __future__ import annotations
 
-import os
 import random
-import signal
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -45,31 +45,11 @@ def hang() -> str:
     return "never"
 
 
-def spam() -> str:
-    while True:
-        print("spam " * 200, flush=True)
-
-
-def crash() -> str:
-    os._exit(3)
-
-
-def segfault() -> str:
-    os.kill(os.getpid(), signal.SIGSEGV)
-    return "never"
-
-
-def flood() -> str:
-    return "x" * 5_000_000
-
-
-def raising() -> str:
-    raise RuntimeError("the backend of this tool is down")
-
-
 def _spec(name: str, function: str, bound: Mapping[str, Any] | None = None) -> ToolSpec:
+    """``function``: ``module:name``, or a name in this module."""
+    target = function if ":" in function else f"agent_user_env:{function}"
     schema = {"type": "object", "properties": {}}
-    return ToolSpec(name, f"agent_user_env:{function}", name, schema, dict(bound or {}))
+    return ToolSpec(name, target, name, schema, dict(bound or {}))
 
 
 class FaultyToolsEnv(ToolEnvironment):
@@ -82,11 +62,12 @@ class FaultyToolsEnv(ToolEnvironment):
         return (
             _spec("ok", "ok", {"delay_s": self.options.ok_delay_s}),
             _spec("hang", "hang"),
-            _spec("spam", "spam"),
-            _spec("crash", "crash"),
-            _spec("segfault", "segfault"),
-            _spec("flood", "flood"),
-            _spec("raise", "raising"),
+            # The misbehaving tools of the tool-sandbox unit tests.
+            _spec("spam", "agent_fixtures:print_forever"),
+            _spec("crash", "agent_fixtures:exit_hard"),
+            _spec("segfault", "agent_fixtures:segfault"),
+            _spec("flood", "agent_fixtures:flood"),
+            _spec("raise", "agent_fixtures:raising"),
         )
 
     def reset(self, row: Mapping[str, Any], seed: int) -> Observation | None:

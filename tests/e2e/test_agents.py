@@ -38,7 +38,10 @@ from relax_hpc.paths import RunPaths, read_json
 from relax_hpc.spool import check_exactly_once, read_shard
 
 HERE = Path(__file__).resolve().parent
-USER_ENV = {"PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")])}
+FIXTURES = HERE.parent / "unit" / "rollout"  # agent_fixtures: the misbehaving tools
+USER_ENV = {
+    "PYTHONPATH": os.pathsep.join([str(HERE), str(FIXTURES), os.environ.get("PYTHONPATH", "")])
+}
 TOOL_TIMEOUT_S = 1.0
 FAULTY_STEPS = 6
 
