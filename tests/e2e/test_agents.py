@@ -228,6 +228,7 @@ def calculator_runs(tmp_path_factory):
         assert result.returncode == 0, failure_report(result, run_dir)
         runs[arm] = RunPaths(run_dir)
         runs[f"{arm}_stderr"] = result.stderr
+    runs["cache"] = root / "cache"
     return runs
 
 
@@ -248,6 +249,8 @@ def test_the_calculator_agent_learns_to_call_the_tool(calculator_runs):
     0.56 -> 0.84 per episode, reward 0.61 -> 0.80). The control: the same check fails on
     the run without the tool, where a call earns nothing (calls 0.55 -> 0.36)."""
     tool, no_tool = calculator_runs["tool"], calculator_runs["no_tool"]
+    (warm_start,) = calculator_runs["cache"].glob("calculator-warmstart-*/warmstart.json")
+    assert read_json(warm_start)["tool_path"] >= 0.8  # the warm start copies when it calls
     assert learned_to_call(tool)
     assert not learned_to_call(no_tool)
     rollout = scalars(tool.rollout_tensorboard_dir(0))

@@ -173,10 +173,13 @@ def test_the_sloppy_guesser_heeds_the_replies_only_sometimes():
 
 def test_the_agent_recipes_train_cache_and_key_like_grpo_tiny(tmp_path):
     model = ModelConfig(name="t", tokenizer="char_tools", arch=ARCH)
-    tiny_tool = ToolWarmStartConfig(steps=3, batch_size=8, warmup_steps=1)
+    tiny_tool = ToolWarmStartConfig(steps=3, batch_size=8, warmup_steps=1, max_attempts=2)
     folder = calculator_warm_start(model, ADDITION, tmp_path, tiny_tool)
     metadata = json.loads((folder / "warmstart.json").read_text())
     assert metadata["inputs"]["arch"] == ARCH and metadata["inputs"]["digits"] == 1
+    # 3 steps copy nothing: the next seed was tried, the better of the two kept.
+    assert metadata["attempts"] == 2 and metadata["seed"] in (0, 1)
+    assert 0 <= metadata["tool_path"] < tiny_tool.min_tool_path
     grown = warm_started_model_config(model, folder)
     tokenizer = build_tokenizer(grown)
     assert len(tokenizer) == 105 and tokenizer.chat_template == build_char_tokenizer().chat_template
