@@ -93,13 +93,18 @@ def faulty_run(tmp_path_factory):
         text=True,
     )
     paths = RunPaths(run_dir)
-    wait_for_step(paths.trainer_status, 3, first, timeout_s=300)
-    wait_for_a_step_in_flight(markers / "step", first)
-    tasks = run_task_pids(run_dir)
-    assert len(tasks) == 2, tasks
-    for pid in tasks:
-        os.kill(pid, signal.SIGKILL)  # no warning, no final checkpoint, episodes in flight
-    _, first_stderr = first.communicate(timeout=120)
+    try:
+        wait_for_step(paths.trainer_status, 3, first, timeout_s=300)
+        wait_for_a_step_in_flight(markers / "step", first)
+        tasks = run_task_pids(run_dir)
+        assert len(tasks) == 2, tasks
+        for pid in tasks:
+            os.kill(pid, signal.SIGKILL)  # no warning, no final checkpoint, episodes in flight
+        _, first_stderr = first.communicate(timeout=120)
+    finally:
+        if first.poll() is None:  # a failed wait: its tasks stop when their supervisor dies
+            first.kill()
+            first.communicate(timeout=60)
     assert first.returncode != 0 and "exited with -9" in first_stderr, first_stderr[-2000:]
     killed_at = read_json(paths.trainer_status)["step"]
     second = submit(run_dir, "resume=auto", timeout_s=600, env=USER_ENV)
