@@ -25,7 +25,7 @@ from relax_hpc import exitcodes
 from relax_hpc.paths import RunPaths, atomic_write_json
 from relax_hpc.runtime import TaskIdentity, stop_when_orphaned
 
-ROLES = ("trainer", "rollout")
+ROLES = ("trainer", "rollout", "judge")  # judge: judge.placement=component
 
 log = logging.getLogger(__name__)
 
@@ -115,9 +115,26 @@ def prepare_start(role: str, paths: RunPaths):
         from relax_hpc.trainer.main import run_trainer
 
         return cfg, run_trainer
+    if role == "judge":
+        return cfg, judge_entry(cfg)
     from relax_hpc.rollout.main import run_rollout
 
     return cfg, run_rollout
+
+
+def judge_entry(cfg):
+    """The judge's server; a config without a judge of its own has no judge step."""
+    from relax_hpc.config import ConfigError
+
+    if cfg.judge is None or cfg.judge.placement != "component":
+        raise ConfigError(
+            "judge.placement",
+            "this run has no judge of its own (judge.placement=component), so it has no "
+            "judge step; the job script or plan does not match config.yaml",
+        )
+    from relax_hpc.judge.main import run_judge
+
+    return run_judge
 
 
 if __name__ == "__main__":

@@ -30,7 +30,7 @@ TRAINER_KEYS = (
     "micro_batch_tokens",
     "megatron_checkpoint_format",
 )
-CLUSTER_KEYS = ("partition", "trainer_partition", "account", "qos", "time_min")
+CLUSTER_KEYS = ("partition", "trainer_partition", "judge_partition", "account", "qos", "time_min")
 
 
 def relayout(stored: RunConfig, requested: RunConfig) -> tuple[RunConfig, list[str]]:

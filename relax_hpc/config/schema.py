@@ -203,6 +203,7 @@ class ClusterConfig:
     partition: str | None = None
     trainer_partition: str | None = None  # default: partition
     rollout_partition: str | None = None  # default: partition
+    judge_partition: str | None = None  # judge.placement=component; default: partition
     account: str | None = None
     qos: str | None = None
     time_min: int = 240

@@ -104,12 +104,8 @@ def _check_judge_model(judge: JudgeConfig, cfg: RunConfig) -> None:
 
 def _check_judge_placement(judge: JudgeConfig, cfg: RunConfig) -> None:
     if judge.placement == "component":
-        raise ConfigError(
-            "judge.placement",
-            "component (the judge on nodes of its own) is not launched yet: its HTTP server "
-            "and client exist (relax_hpc/judge/) but the job plan has no third component; "
-            "use judge.placement=rollout (the judge on the rollout's engines)",
-        )
+        _check_judge_component(judge)
+        return
     rollout = cfg.rollout
     if judge.backend == "sglang" and not rollout.gpus_per_node:
         raise ConfigError(
@@ -134,6 +130,29 @@ def _check_judge_placement(judge: JudgeConfig, cfg: RunConfig) -> None:
             "judge.engine_tensor_parallel",
             "on the rollout's engines the judge uses the same GPUs as each policy engine; set "
             f"it to rollout.engine_tensor_parallel ({rollout.engine_tensor_parallel})",
+        )
+
+
+def _check_judge_component(judge: JudgeConfig) -> None:
+    """The judge on nodes of its own: one server task per engine (per node on CPU)."""
+    if judge.gpus_per_node < 0 or judge.engine_tensor_parallel < 1:
+        raise ConfigError(
+            "judge.gpus_per_node",
+            f"needs gpus_per_node >= 0 and engine_tensor_parallel >= 1, got "
+            f"{judge.gpus_per_node} and {judge.engine_tensor_parallel}",
+        )
+    if judge.backend == "sglang" and not judge.gpus_per_node:
+        raise ConfigError(
+            "judge.gpus_per_node",
+            "judge.backend=sglang serves on GPUs: give the judge's component GPUs "
+            "(judge.gpus_per_node) or use judge.backend=transformers",
+        )
+    if judge.gpus_per_node % judge.engine_tensor_parallel:
+        raise ConfigError(
+            "judge.engine_tensor_parallel",
+            f"judge.gpus_per_node {judge.gpus_per_node} is not a multiple of "
+            f"engine_tensor_parallel {judge.engine_tensor_parallel}: each judge task serves "
+            "on engine_tensor_parallel GPUs of its node",
         )
 
 

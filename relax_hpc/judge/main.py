@@ -52,13 +52,18 @@ def run_judge(
     cfg: RunConfig,
     paths: RunPaths,
     identity: TaskIdentity,
-    host: str = "0.0.0.0",
+    host: str | None = None,
     advertised_host: str | None = None,
 ) -> int:
     """Serve the judge until stopped; 0. ``host`` is where to listen, ``advertised_host``
-    what the address file tells clients (default: this node's name)."""
+    what the address file tells clients. Both default to ``weightsync.advertise_host``
+    (the address the run's other tasks reach this node by) when it is set; else the
+    server listens on every interface and advertises this node's name."""
     if cfg.judge is None:
         raise ValueError("run_judge: the run has no judge section")
+    configured = cfg.weightsync.advertise_host
+    host = host or configured or "0.0.0.0"
+    advertised_host = advertised_host or configured or None
     torch.set_num_threads(cfg.judge.torch_threads)
     stop = StopFlag(cancel_request=None).install()
     context = RewardContext(

@@ -4,10 +4,12 @@ One plan feeds three consumers: the sbatch renderer (``dry_run`` and submission)
 Slurm executor, and the local executor. Shape rules:
 
 - ``hetjob``: the roles have nodes of their own (hybrid/async without ``share_nodes``);
-  one heterogeneous job, component 0 = trainer, component 1 = rollout. Slurm 22.05 never
-  places two components of one hetjob on the same node, so this shape needs >= 2 nodes.
+  one heterogeneous job, component 0 = trainer, component 1 = rollout, component 2 = the
+  judge when ``judge.placement=component``. Slurm 22.05 never places two components of
+  one hetjob on the same node, so this shape needs a node per component at least.
 - ``single``: the roles share nodes (``sync`` time-shares every device; ``share_nodes``
-  splits each node's GPUs); one allocation, one step per role.
+  splits each node's GPUs); one allocation, one step per role. A judge of its own gets
+  devices of its own in that allocation (its step never overlaps another).
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ COMPONENT_MODULE = "relax_hpc.component"
 
 @dataclass(frozen=True)
 class RolePlan:
-    role: str  # trainer | rollout
+    role: str  # trainer | rollout | judge
     backend: str
     nodes: int
     tasks_per_node: int
@@ -62,12 +64,16 @@ class JobPlan:
 
     @property
     def total_gpus(self) -> int:
-        if self.shape == "single" and self.mode == "sync":
-            return self.role("trainer").nodes * self.role("trainer").gpus_per_node
-        return sum(r.nodes * r.gpus_per_node for r in self.roles)
+        # In sync mode the rollout's step overlaps the trainer's devices: counted once.
+        return sum(r.nodes * r.gpus_per_node for r in self.roles if not shares_devices(r))
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2)
+
+
+def shares_devices(role: RolePlan) -> bool:
+    """A step that time-shares the trainer's devices (sync mode's rollout)."""
+    return role.overlap and role.role != "trainer"
 
 
 def job_shape(cfg: RunConfig) -> str:
@@ -132,6 +138,31 @@ def _rollout_plan(cfg: RunConfig, run_dir: str) -> RolePlan:
     )
 
 
+def _judge_plan(cfg: RunConfig, run_dir: str) -> RolePlan:
+    """The judge on nodes (or devices) of its own: one server task per engine; on CPU one
+    per node."""
+    judge = cfg.judge
+    assert judge is not None
+    tasks = judge.gpus_per_node // judge.engine_tensor_parallel if judge.gpus_per_node else 1
+    return RolePlan(
+        role="judge",
+        backend=judge.backend,
+        nodes=judge.nodes,
+        tasks_per_node=tasks,
+        gpus_per_node=judge.gpus_per_node,
+        cpus_per_task=judge.cpus_per_task,
+        mem_gb=judge.mem_gb,
+        partition=cfg.cluster.judge_partition or cfg.cluster.partition,
+        command=component_command(cfg, "judge", run_dir),
+        layout=f"{tasks * judge.nodes} judge server(s) of tensor parallel "
+        f"{judge.engine_tensor_parallel}, frozen weights",
+    )
+
+
+def has_judge_component(cfg: RunConfig) -> bool:
+    return cfg.judge is not None and cfg.judge.placement == "component"
+
+
 def build_job_plan(cfg: RunConfig, run_dir: str) -> JobPlan:
     """The plan of a validated config; ``run_dir`` is written verbatim into commands."""
     cluster = cfg.cluster
@@ -140,7 +171,8 @@ def build_job_plan(cfg: RunConfig, run_dir: str) -> JobPlan:
         run_dir=run_dir,
         shape=job_shape(cfg),
         mode=cfg.mode,
-        roles=(_trainer_plan(cfg, run_dir), _rollout_plan(cfg, run_dir)),
+        roles=(_trainer_plan(cfg, run_dir), _rollout_plan(cfg, run_dir))
+        + ((_judge_plan(cfg, run_dir),) if has_judge_component(cfg) else ()),
         time_min=cluster.time_min,
         account=cluster.account,
         qos=cluster.qos,

@@ -13,7 +13,7 @@ import shlex
 from dataclasses import replace
 
 from relax_hpc import exitcodes
-from relax_hpc.launch.plan import JobPlan, RolePlan
+from relax_hpc.launch.plan import JobPlan, RolePlan, shares_devices
 from relax_hpc.paths import (
     BATCH_LOG_NAME,
     CONFIG_ERROR_NAME,
@@ -46,10 +46,11 @@ def render_sbatch(plan: JobPlan) -> str:
 
 
 def _preamble(plan: JobPlan) -> list[str]:
+    components = ", ".join(f"component {i} = {r.role}" for i, r in enumerate(plan.roles))
     shape = (
-        "heterogeneous job: component 0 = trainer, component 1 = rollout, each on nodes of its own"
+        f"heterogeneous job: {components}, each on nodes of its own"
         if plan.shape == "hetjob"
-        else "one allocation shared by both roles, one job step per role"
+        else f"one allocation shared by {_roles_in_words(plan)}, one job step per role"
     )
     return [
         f"# relax_hpc job {plan.name!r} (mode={plan.mode}), rendered from its job plan.",
@@ -59,6 +60,10 @@ def _preamble(plan: JobPlan) -> list[str]:
         "# directory exists. Logs: logs/ in the run directory; watch with squeue, sacct and",
         "# python -m relax_hpc.status <run directory>.",
     ]
+
+
+def _roles_in_words(plan: JobPlan) -> str:
+    return "both roles" if len(plan.roles) == 2 else "the " + ", ".join(r.role for r in plan.roles)
 
 
 def _job_options(plan: JobPlan) -> list[str]:
@@ -112,19 +117,25 @@ def _hetjob_header(plan: JobPlan) -> list[str]:
 
 
 def _single_header(plan: JobPlan) -> list[str]:
-    trainer, rollout = plan.role("trainer"), plan.role("rollout")
+    trainer = plan.role("trainer")
     shared = plan.mode == "sync"
-    gpus = trainer.gpus_per_node if shared else trainer.gpus_per_node + rollout.gpus_per_node
-    tasks = trainer.tasks_per_node + (0 if shared else rollout.tasks_per_node)
-    # sync steps overlap on the same CPUs; split steps need disjoint CPUs.
+    # A step that time-shares the trainer's devices (sync: the rollout, srun --overlap)
+    # adds no GPUs or tasks; every other step needs devices and CPUs of its own.
+    own = [r for r in plan.roles if not shares_devices(r)]
+    gpus = sum(r.gpus_per_node for r in own)
+    tasks = sum(r.tasks_per_node for r in own)
     cpu_demands = [r.tasks_per_node * r.cpus_per_task for r in plan.roles]
-    cpus_per_node = max(cpu_demands) if shared else sum(cpu_demands)
+    overlapping = [d for r, d in zip(plan.roles, cpu_demands, strict=True) if r.overlap]
+    cpus_per_node = sum(
+        d for r, d in zip(plan.roles, cpu_demands, strict=True) if not r.overlap
+    ) + max(overlapping, default=0)
     lines = ["# --- " + _role_comment(r)[2:] for r in plan.roles]
     if shared:
         lines.append("# sync mode: both steps time-share the same devices (srun --overlap)")
     lines += _job_options(plan)
     allocation = replace(trainer, cpus_per_task=-(-cpus_per_node // tasks))
-    lines += _resource_options(plan, allocation, tasks, gpus, trainer.mem_gb + rollout.mem_gb)
+    memory = sum(r.mem_gb for r in plan.roles)
+    lines += _resource_options(plan, allocation, tasks, gpus, memory)
     return lines
 
 

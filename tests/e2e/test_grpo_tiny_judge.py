@@ -10,7 +10,7 @@ import pytest
 from e2e_helpers import eval_history, failure_report, scalars, submit
 from reward_fixtures import ScriptedRewardServer
 
-from relax_hpc.paths import RunPaths
+from relax_hpc.paths import RunPaths, read_json
 
 pytestmark = pytest.mark.slow
 STEPS = 60
@@ -52,6 +52,30 @@ def test_the_judge_is_imperfect_and_its_agreement_is_measured_and_logged(judged_
     assert rollout["rewards/judge/mean"] and rollout["rewards/exact_match/mean"]
     trainer = scalars(paths.trainer_tensorboard_dir)["reward/mean"]
     assert sum(trainer[-10:]) / 10 > sum(trainer[:10]) / 10 + 0.2  # the judge's reward rose
+
+
+def test_a_judge_of_its_own_serves_the_rollout_from_its_own_process(tmp_path):
+    """judge.placement=component: the judge is a task of its own (its own log, status and
+    server); the rollout finds it through the rendezvous and every sample is judged."""
+    run_dir = tmp_path / "run"
+    result = submit(
+        run_dir,
+        "trainer.total_steps=3",
+        "judge.placement=component",
+        "rollout.eval_interval_steps=0",
+        experiment="grpo_tiny_judge",
+        timeout_s=900,
+    )
+    assert result.returncode == 0, failure_report(result, run_dir)
+    paths = RunPaths(run_dir)
+    judge_log = paths.task_log("judge", 0).read_text()
+    assert "judge[0]: serving on" in judge_log and "agrees with exact match" in judge_log
+    assert "agrees with exact match" not in paths.task_log("rollout", 0).read_text()
+    served = read_json(paths.judge_status(0))
+    assert served["samples"] >= 3 * 128 and served["refused"] == 0, served
+    rollout = scalars(paths.rollout_tensorboard_dir(0))
+    assert max(rollout["rewards/judge/failed"]) == 0.0 and rollout["rewards/judge/mean"]
+    assert list(paths.judge_rendezvous_dir.glob("*.json")) == []  # withdrawn when it stopped
 
 
 def test_a_failing_remote_endpoint_costs_samples_not_the_run(tmp_path):

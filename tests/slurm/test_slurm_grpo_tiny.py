@@ -23,12 +23,14 @@ FAST = [
 ]
 
 
-def submit(run_dir: Path, *overrides: str, env: dict | None = None) -> subprocess.CompletedProcess:
+def submit(
+    run_dir: Path, *overrides: str, env: dict | None = None, experiment: str = "grpo_tiny"
+) -> subprocess.CompletedProcess:
     command = [
         sys.executable,
         "-m",
         "relax_hpc.submit",
-        "+experiment=grpo_tiny",
+        f"+experiment={experiment}",
         "cluster=slurm",
         f"run_dir={run_dir}",
         *FAST,
@@ -102,6 +104,34 @@ def test_grpo_tiny_hetjob_runs_to_completion_and_learns(tmp_path, smtp_sink, web
     logs_text = "".join(p.read_text(errors="replace") for p in RunPaths(run_dir).logs_dir.iterdir())
     assert not any(secret in logs_text for secret in secrets)
     assert not any(secret in RunPaths(run_dir).resolved_config.read_text() for secret in secrets)
+
+
+@pytest.mark.slow
+def test_a_judge_of_its_own_is_a_third_hetjob_component_on_a_node_of_its_own(tmp_path):
+    """grpo_tiny_judge with judge.placement=component: trainer, rollout and judge each get
+    a node; every sample the rollout scored was judged by the judge's own server."""
+    run_dir = tmp_path / "run"
+    result = submit(
+        run_dir, "trainer.total_steps=4", "judge.placement=component", experiment="grpo_tiny_judge"
+    )
+    assert result.returncode == 0, result.stderr
+    paths = RunPaths(run_dir)
+    job_id = str(read_json(paths.job_file)["job_id"])
+    try:
+        state = wait_for_job(job_id, timeout_s=900)
+    finally:
+        subprocess.run(["scancel", job_id], capture_output=True, timeout=30)
+    assert state == "COMPLETED", logs(run_dir)
+    info = job_state(job_id)
+    assert info["Components"] == "0:COMPLETED,1:COMPLETED,2:COMPLETED", info
+    nodes = info["NodeList"].split(",")
+    assert len(nodes) == 3 and len(set(nodes)) == 3, nodes  # a node per component
+    judged = read_json(paths.judge_status(0))
+    assert judged["samples"] >= 4 * 128 and judged["refused"] == 0, judged
+    assert "judge[0]: serving on" in paths.task_log("judge", 0).read_text()
+    assert read_json(paths.trainer_status)["step"] == 4
+    status = operator_status(run_dir)
+    assert "judge 0:" in status.stdout and "rewards: judge failed 0 of" in status.stdout, status
 
 
 def test_a_job_whose_steps_fail_is_seen_as_failed(tmp_path):

@@ -38,6 +38,42 @@ def test_grpo_qwen3_is_a_hetjob_of_two_8_gpu_components():
     assert "relax_hpc.component trainer" in script and "relax_hpc.component rollout" in script
 
 
+JUDGE_OWN_GPUS = [
+    "judge.placement=component",
+    "judge.gpus_per_node=4",
+    "judge.engine_tensor_parallel=2",
+    "cluster.judge_partition=judges",
+]
+
+
+def test_a_judge_of_its_own_is_the_third_component_of_the_hetjob():
+    plan = plan_for("+experiment=grpo_qwen3_judge", *JUDGE_OWN_GPUS)
+    assert [r.role for r in plan.roles] == ["trainer", "rollout", "judge"]
+    judge = plan.role("judge")
+    assert (judge.tasks_per_node, judge.gpus_per_node) == (2, 4)  # one server per TP group
+    assert plan.total_gpus == 8 + 8 + 4
+    script = render_sbatch(plan)
+    options = "\n".join(sbatch_options(script))
+    assert options.count("#SBATCH hetjob") == 2
+    assert options.split("#SBATCH hetjob")[2].count("--partition=judges") == 1
+    assert "srun --het-group=2" in script and "relax_hpc.component judge" in script
+    assert "component 2 = judge" in script
+
+
+def test_a_judge_of_its_own_in_a_sync_allocation_gets_devices_of_its_own():
+    plan = plan_for("+experiment=grpo_qwen3_colocate", "judge=qwen3_8b", *JUDGE_OWN_GPUS)
+    assert plan.shape == "single" and plan.total_gpus == 8 + 4
+    script = render_sbatch(plan)
+    assert "#SBATCH --gpus-per-node=12" in script and "#SBATCH --ntasks-per-node=10" in script
+    steps = [line for line in script.splitlines() if line.startswith("srun ")]
+    assert len(steps) == 3 and "--exact" in steps[2] and "component judge" in steps[2]
+
+
+def test_a_judge_on_the_rollouts_engines_adds_no_component():
+    plan = plan_for("+experiment=grpo_qwen3_judge")
+    assert [r.role for r in plan.roles] == ["trainer", "rollout"]
+
+
 def test_colocated_sync_is_one_allocation_with_overlapping_steps():
     plan = plan_for("+experiment=grpo_qwen3_colocate")
     assert plan.shape == "single" and plan.total_gpus == 8

@@ -74,10 +74,19 @@ BAD_REWARDS = {
         "low < high",
     ),
     "unknown-template": (JUDGED + ["judge.template=grade_it"], "judge.template", "{response}"),
-    "judge-component-not-launched-yet": (
-        JUDGED + ["judge.placement=component"],
-        "judge.placement",
-        "judge.placement=rollout",
+    "sglang-judge-component-without-gpus": (
+        JUDGED
+        + ["judge.placement=component", "judge.backend=sglang", "judge.model.path=/m"]
+        + ["judge.warm_start=none"],
+        "judge.gpus_per_node",
+        "judge.backend=transformers",
+    ),
+    "judge-component-gpus-not-a-multiple-of-tp": (
+        JUDGED
+        + ["judge.placement=component", "judge.gpus_per_node=3"]
+        + ["judge.engine_tensor_parallel=2"],
+        "judge.engine_tensor_parallel",
+        "not a multiple",
     ),
     "sglang-judge-on-cpu-rollout": (
         JUDGED + ["judge.backend=sglang", "judge.model.path=/m", "judge.warm_start=none"],
