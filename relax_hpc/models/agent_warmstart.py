@@ -44,6 +44,7 @@ from relax_hpc.models.chat_format import ChatFormat
 from relax_hpc.models.warmstart import (
     SupervisedBatch,
     cached_training,
+    first_good_seed,
     fit_supervised,
     pad_rows,
     sample_operands,
@@ -157,30 +158,24 @@ def calculator_warm_start(
     task = AdditionTask(data_cfg.digits, data_cfg.eval_size, split_seed)
     found: dict[str, float] = {}
 
+    def train_one(seed: int) -> tuple[PreTrainedModel, float]:
+        model = build_causal_lm(model_cfg, tokenizer, torch.float32, seed=seed)
+        return model, fit_supervised(model, cfg, calculator_batches(chat, task, cfg, seed))
+
     def train() -> tuple[PreTrainedModel, PreTrainedTokenizerBase, float]:
         """Seeds ``cfg.seed``, ``+1``, ... until the copy is learned (the best one else)."""
-        best = None
-        for attempt in range(cfg.max_attempts):
-            seed = cfg.seed + attempt
-            model = build_causal_lm(model_cfg, tokenizer, torch.float32, seed=seed)
-            loss = fit_supervised(model, cfg, calculator_batches(chat, task, cfg, seed))
-            copied = tool_path_probability(model, chat, task)
-            log.info("calculator warm start: seed %d, tool path right %.2f", seed, copied)
-            if best is None or copied > best[2]:
-                best = (model, loss, copied, seed)
-            if copied >= cfg.min_tool_path:
-                break
-        model, loss, copied, seed = best
-        if copied < cfg.min_tool_path:
-            log.warning(
-                "calculator warm start: no seed of %d learned to copy (best %.2f, seed %d): "
-                "GRPO will hardly learn to call the tool",
-                cfg.max_attempts,
-                copied,
-                seed,
-            )
-        found.update(tool_path=round(copied, 4), seed=seed, attempts=attempt + 1)
-        return model, tokenizer, loss
+        outcome = first_good_seed(
+            cfg.seed,
+            cfg.max_attempts,
+            cfg.min_tool_path,
+            train_one,
+            lambda model: tool_path_probability(model, chat, task),
+            "calculator warm start (tool path right)",
+        )
+        found.update(
+            tool_path=round(outcome.score, 4), seed=outcome.seed, attempts=outcome.attempts
+        )
+        return outcome.model, tokenizer, outcome.loss
 
     return cached_training(
         cache_dir, "calculator-warmstart", key_fields, train, measure=lambda _: dict(found)

@@ -32,18 +32,26 @@ from relax_hpc.models.build import build_causal_lm, build_tokenizer
 from relax_hpc.models.warmstart import (
     cache_key_fields,
     cached_training,
+    first_good_seed,
     fit_supervised,
     sample_operands,
     supervised_batch,
 )
 
-VERIFIER_VERSION = 1  # bump when the recipe below changes
+VERIFIER_VERSION = 2  # bump when the recipe below changes
 YES, NO = "yes", "no"
 
 
 @dataclass(frozen=True)
 class VerifierWarmStartConfig:
-    """The supervised recipe; the defaults give ~90% agreement with exact match (2 digits)."""
+    """The supervised recipe; the defaults give ~90% agreement with exact match (2 digits).
+
+    How good a seed's verifier is varies: measured on one CPU, seed 0 agreed on 85.6% of
+    held-out rows (no to only 71.6% of wrong sums: a policy learns little from it), seed 1
+    on 87.7%, seed 2 on 90.0% (82.2%); on another CPU seed 0 gave ~90%. So a seed below
+    ``min_agreement`` is replaced by the next, up to ``max_attempts``; ``warmstart.json``
+    keeps the seed used and how many were tried.
+    """
 
     steps: int = 1500
     batch_size: int = 128
@@ -56,6 +64,8 @@ class VerifierWarmStartConfig:
     correct_share: float = 0.5  # rows whose candidate is the right sum
     agreement_rows: int = 1024  # held-out rows the agreement is measured on
     seed: int = 0
+    min_agreement: float = 0.88
+    max_attempts: int = 3
 
 
 def verification_text(a: int, b: int, candidate: str) -> str:
@@ -86,12 +96,27 @@ def warm_start_verifier(
     key_fields["version"] = f"verifier-{VERIFIER_VERSION}"
     task = AdditionTask(data_cfg.digits, data_cfg.eval_size, split_seed)
 
+    found: dict[str, float] = {}
+
+    def train_one(seed: int) -> tuple[PreTrainedModel, float]:
+        seeded = dataclasses.replace(cfg, seed=seed)
+        model = build_causal_lm(model_cfg, tokenizer, torch.float32, seed=seed)
+        return model, train_verifier(model, tokenizer, task, seeded)
+
     def train() -> tuple[PreTrainedModel, PreTrainedTokenizerBase, float]:
-        model = build_causal_lm(model_cfg, tokenizer, torch.float32, seed=cfg.seed)
-        return model, tokenizer, train_verifier(model, tokenizer, task, cfg)
+        outcome = first_good_seed(
+            cfg.seed,
+            cfg.max_attempts,
+            cfg.min_agreement,
+            train_one,
+            lambda model: verifier_agreement(model, tokenizer, task, cfg)["agreement"],
+            "verifier warm start (agreement)",
+        )
+        found.update(seed=outcome.seed, attempts=outcome.attempts)
+        return outcome.model, tokenizer, outcome.loss
 
     def measure(model: PreTrainedModel) -> dict[str, float]:
-        return verifier_agreement(model, tokenizer, task, cfg)
+        return {**verifier_agreement(model, tokenizer, task, cfg), **found}
 
     return cached_training(Path(cache_dir), "verifier", key_fields, train, measure)
 

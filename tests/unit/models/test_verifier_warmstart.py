@@ -26,7 +26,9 @@ from relax_hpc.models.verifier_warmstart import (
 from relax_hpc.models.warmstart import WarmStartConfig, warm_start
 
 MODEL = dataclasses.replace(POLICY, name="judge")
-RECIPE = VerifierWarmStartConfig(steps=3, batch_size=8, warmup_steps=1, agreement_rows=16)
+RECIPE = VerifierWarmStartConfig(
+    steps=3, batch_size=8, warmup_steps=1, agreement_rows=16, max_attempts=1
+)
 
 
 def test_candidates_are_half_right_and_every_wrong_one_differs_from_the_sum():
@@ -57,7 +59,8 @@ def test_the_verifier_is_cached_keyed_and_measured(tmp_path, monkeypatch):
     folder = warm_start_verifier(MODEL, DATA, tmp_path, RECIPE)
     metadata = json.loads((folder / "warmstart.json").read_text())
     assert folder.name.startswith("verifier-")
-    assert metadata["inputs"]["version"] == "verifier-1"
+    assert metadata["inputs"]["version"] == "verifier-2"
+    assert (metadata["seed"], metadata["attempts"]) == (0, 1)
     for key in ("agreement", "true_positive_rate", "true_negative_rate"):
         assert 0.0 <= metadata[key] <= 1.0
     monkeypatch.setattr(verifier_warmstart, "train_verifier", lambda *a: pytest.fail("not cached"))
@@ -68,6 +71,16 @@ def test_the_verifier_is_cached_keyed_and_measured(tmp_path, monkeypatch):
     policy = warm_start(MODEL, DATA, tmp_path, WarmStartConfig(steps=1, batch_size=4))
     assert policy.name.startswith("warmstart-")  # the policy's own cache, never confused
     assert verifier_model_config(MODEL, folder).path == str(folder)
+
+
+def test_a_verifier_below_the_agreement_gate_is_retrained_with_the_next_seed(tmp_path):
+    """3 steps cannot reach 0.88 agreement: every seed is tried, the best one is kept and
+    the metadata says so."""
+    recipe = dataclasses.replace(RECIPE, max_attempts=2, seed=5)
+    folder = warm_start_verifier(MODEL, DATA, tmp_path, recipe)
+    metadata = json.loads((folder / "warmstart.json").read_text())
+    assert metadata["attempts"] == 2 and metadata["seed"] in (5, 6)
+    assert metadata["agreement"] < recipe.min_agreement
 
 
 def test_the_verifier_refuses_other_tasks_and_folders():
