@@ -44,11 +44,11 @@ YES, NO = "yes", "no"
 
 @dataclass(frozen=True)
 class VerifierWarmStartConfig:
-    """The supervised recipe; the defaults give ~90% agreement with exact match (2 digits).
+    """The supervised recipe; the defaults give 88-90% agreement with exact match (2 digits).
 
     How good a seed's verifier is varies: measured on one CPU, seed 0 agreed on 85.6% of
     held-out rows (no to only 71.6% of wrong sums: a policy learns little from it), seed 1
-    on 87.7%, seed 2 on 90.0% (82.2%); on another CPU seed 0 gave ~90%. So a seed below
+    on 88.2% (no to 82.4%); on another CPU seed 0 gave ~90%. So a seed below
     ``min_agreement`` is replaced by the next, up to ``max_attempts``; ``warmstart.json``
     keeps the seed used and how many were tried.
     """
