@@ -69,6 +69,11 @@ class Model(Protocol):
 
     def zero_grad(self) -> None: ...
 
+    def forward_is_deterministic(self) -> bool:
+        """Whether two forwards of the same batch give the same log-probs (no dropout in
+        training mode): the condition for reusing the training forward as the old policy."""
+        ...
+
 
 @dataclass
 class Networks:

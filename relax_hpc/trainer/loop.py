@@ -24,7 +24,12 @@ from relax_hpc.observe.metrics import MetricsLogger, PhaseTimer
 from relax_hpc.spool import SpoolReader, SpoolTimeout
 from relax_hpc.trainer.backend import TrainerBackend
 from relax_hpc.trainer.batch import TrainBatch, collate
-from relax_hpc.trainer.update import prepare_step, update_critic, update_policy
+from relax_hpc.trainer.update import (
+    old_logprobs_are_current,
+    prepare_step,
+    update_critic,
+    update_policy,
+)
 
 log = logging.getLogger(__name__)
 
@@ -95,6 +100,20 @@ class Trainer:
         self.progress = Progress()
         self.timer = PhaseTimer()
         self.checkpointed_step: int | None = None  # the step of the newest checkpoint
+        # One optimiser update per step on a forward without randomness: the update's own
+        # forward gives the old log-probs (update.old_logprobs_are_current), one forward less.
+        self.reuse_training_forward = old_logprobs_are_current(
+            spec,
+            settings.epochs_per_step,
+            settings.mini_batches_per_step,
+            self.nets.policy.forward_is_deterministic(),
+        )
+        log.info(
+            "trainer: old log-probs %s",
+            "from the update's own forward (one update per step)"
+            if self.reuse_training_forward
+            else "recomputed before the update",
+        )
 
     def run(self) -> int:
         while self.progress.step < self.settings.total_steps:
@@ -136,7 +155,9 @@ class Trainer:
         batch = collate(groups, s.pad_token_id)
         plan = (s.epochs_per_step, s.mini_batches_per_step, s.rank, s.world_size)
         with self.timer.phase("prepare"):
-            tensors = prepare_step(self.spec, batch, self.nets, s.temperature)
+            tensors = prepare_step(
+                self.spec, batch, self.nets, s.temperature, self.reuse_training_forward
+            )
         with self.timer.phase("train"):
             metrics = update_policy(
                 self.spec, batch, tensors, self.nets.policy, plan, s.temperature

@@ -61,6 +61,24 @@ class ValueHead(torch.nn.Module):
         return self.head(out.hidden_states[-1]).squeeze(-1)
 
 
+DROPOUT_MODULES = (
+    torch.nn.Dropout,
+    torch.nn.Dropout1d,
+    torch.nn.Dropout2d,
+    torch.nn.Dropout3d,
+    torch.nn.AlphaDropout,
+    torch.nn.FeatureAlphaDropout,
+)
+DROPOUT_CONFIG_KEYS = ("attention_dropout", "hidden_dropout", "dropout", "resid_pdrop")
+
+
+def _config_dropout(module: torch.nn.Module) -> bool:
+    """Dropout a transformers module applies functionally from its config (Qwen3's
+    attention takes ``attention_dropout`` from the config, not from an ``nn.Dropout``)."""
+    config = getattr(module, "config", None)
+    return any(float(getattr(config, key, 0.0) or 0.0) > 0 for key in DROPOUT_CONFIG_KEYS)
+
+
 class TorchModel:
     """One trainable (or frozen) network with its optimiser; computes per-token outputs."""
 
@@ -155,6 +173,12 @@ class TorchModel:
         self.optimizer.zero_grad(set_to_none=True)
         self.scheduler.step()
         return {"grad_norm": float(grad_norm), "lr": float(lr)}
+
+    def forward_is_deterministic(self) -> bool:
+        """No module of the network drops anything while it trains."""
+        return not any(
+            isinstance(m, DROPOUT_MODULES) and m.p > 0 for m in self.network.modules()
+        ) and not any(_config_dropout(m) for m in self.network.modules())
 
     def zero_grad(self) -> None:
         assert self.optimizer is not None

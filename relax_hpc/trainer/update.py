@@ -22,7 +22,7 @@ from relax_hpc.trainer.batch import TrainBatch
 class StepTensors:
     """Per-token tensors of the whole step batch, computed once before the updates."""
 
-    old_logprobs_BT: Tensor
+    old_logprobs_BT: Tensor | None  # None: the training forward's own, detached (see below)
     advantages_BT: Tensor
     returns_BT: Tensor
     ref_logprobs_BT: Tensor | None = None
@@ -36,13 +36,48 @@ class StepTensors:
         return StepTensors(**{k: pick(v) for k, v in self.__dict__.items()})
 
 
+def old_logprobs_are_current(
+    spec: AlgorithmSpec, epochs: int, mini_batches: int, deterministic_forward: bool
+) -> bool:
+    """Whether the old policy's log-probs are, exactly, the log-probs the training forward
+    computes, so that forward's own (detached) can stand in and the extra no-gradient
+    forward is skipped.
+
+    The rule: one optimiser update per step (1 epoch x 1 mini-batch: the update's forward
+    runs on the weights the old log-probs would be computed with); nothing needs the old
+    log-probs before that forward (no KL in the reward, no distillation in the advantage);
+    the old policy is not the rollout's own log-probs (``use_rollout_logprobs``); and a
+    forward without randomness (no dropout). Then the ratio is exactly 1 with the gradient
+    of the log-probs, as the recomputed path gives up to rounding.
+    """
+    cfg = spec.config
+    needed_before_update = cfg.kl_in_reward_coef > 0 or (
+        spec.needs_teacher and cfg.opd_mode == "advantage"
+    )
+    return (
+        epochs == 1
+        and mini_batches == 1
+        and not cfg.use_rollout_logprobs
+        and not needed_before_update
+        and deterministic_forward
+    )
+
+
 def prepare_step(
-    spec: AlgorithmSpec, batch: TrainBatch, nets: Networks, temperature: float
+    spec: AlgorithmSpec,
+    batch: TrainBatch,
+    nets: Networks,
+    temperature: float,
+    reuse_training_forward: bool = False,
 ) -> StepTensors:
-    """Old/ref/teacher log-probs and values (no gradient), then advantages and returns."""
+    """Old/ref/teacher log-probs and values (no gradient), then advantages and returns.
+    ``reuse_training_forward`` (``old_logprobs_are_current``): no old log-probs now, the
+    update takes its forward's own."""
     cfg = spec.config
     if cfg.use_rollout_logprobs:
         old = batch.rollout_logprobs_BT
+    elif reuse_training_forward:
+        old = None
     else:
         old = nets.policy.logprobs(batch, temperature)
     ref = nets.reference.logprobs(batch, temperature) if nets.reference else None
@@ -144,10 +179,11 @@ def _actor_micro_loss(
     def micro_loss(index: int, logprobs: Tensor, entropy: Tensor):
         micro = micros[index]
         part = tensors.rows(rows_per_micro[index], micro.response_mask_BT.shape[1])
+        old = part.old_logprobs_BT
         return actor_loss(
             spec,
             logprobs,
-            part.old_logprobs_BT.to(logprobs.device),
+            logprobs.detach() if old is None else old.to(logprobs.device),
             part.advantages_BT.to(logprobs.device),
             micro.response_mask_BT.to(logprobs.device),
             rollout_logprobs_BT=micro.rollout_logprobs_BT.to(logprobs.device),

@@ -306,6 +306,11 @@ class MegatronModel:
         self.zero_grad()
         return {"grad_norm": float(grad_norm or 0.0), "lr": lr}
 
+    def forward_is_deterministic(self) -> bool:
+        """Conservatively no: Megatron's fused kernels and schedules are not checked for
+        run-to-run equality here, so the old log-probs are always recomputed."""
+        return False
+
     def zero_grad(self) -> None:
         assert self.optimizer is not None
         if hasattr(self.network, "zero_grad_buffer"):
