@@ -10,15 +10,23 @@ out ``timeout_s`` for it. A connection counts only once it proved its member:
 A replayed proof fails (the nonce is new), so a peer without the token cannot speak for an
 admitted engine; a connection that has not proved itself within ``HANDSHAKE_S`` is closed,
 and at most ``MAX_PENDING`` such connections are kept (the oldest goes first), so a flood
-of connections costs file descriptors for a few seconds and changes nothing. After the
-proof nothing more is read. What this cannot see: a hung engine or a lost node (no FIN);
-those remain bounded by ``timeout_s``. Must not: know about rounds or groups.
+of connections costs file descriptors for a few seconds and changes nothing. What this
+cannot see: a hung engine or a lost node (no FIN); those remain bounded by ``timeout_s``.
+
+After the proof the same connection carries *nudges*: one byte that says "look at the
+store now" (``NUDGE``), trainer -> engines when a round is called, engine -> trainer when
+it wrote a message the trainer waits for. A nudge carries no information: the store stays
+the only source of truth, and a side that gets none (no connection, a lost one) finds
+the same keys by polling ``poll_s``, only later. A nudge lets a waiting side wake within
+a loopback round trip instead of a poll interval. Must not: know about rounds or groups.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import secrets
+import select
 import selectors
 import socket
 import threading
@@ -32,6 +40,7 @@ log = logging.getLogger(__name__)
 HANDSHAKE_S = 5.0
 MAX_PENDING = 128
 _MAX_LINE = 256
+NUDGE = b"!"
 
 
 def alive_proof(token: str, member: str, nonce: str) -> str:
@@ -65,6 +74,7 @@ class LivenessMonitor:
         self._alive: dict[str, socket.socket] = {}
         self._dead: set[str] = set()
         self._lock = threading.Lock()
+        self._nudged = threading.Event()  # an engine nudged since the last clear_nudge()
         self._stop = False
         self._thread = threading.Thread(target=self._run, name="weightsync-liveness", daemon=True)
         self._thread.start()
@@ -81,6 +91,21 @@ class LivenessMonitor:
     def is_connected(self, member: str) -> bool:
         with self._lock:
             return member in self._alive
+
+    def nudge_all(self) -> None:
+        """Tell every proven engine to look at the store now (best effort, never blocks)."""
+        with self._lock:
+            sockets = list(self._alive.values())
+        for sock in sockets:
+            nudge(sock)  # a full buffer, or closed meanwhile: it polls, or it is gone
+
+    def clear_nudge(self) -> None:
+        """Call before looking at the store; a nudge after it wakes ``wait_for_nudge``."""
+        self._nudged.clear()
+
+    def wait_for_nudge(self, timeout_s: float) -> bool:
+        """Until an engine nudged (since ``clear_nudge``) or ``timeout_s``; whether one did."""
+        return self._nudged.wait(timeout_s)
 
     def close(self) -> None:
         self._stop = True
@@ -132,7 +157,9 @@ class LivenessMonitor:
         if sock in self._proven:
             if not data:  # EOF: the engine's process is gone (or it closed on purpose)
                 self._forget(sock)
-            return  # a proven engine has nothing more to say
+            else:  # nudges: whatever a proven engine sends only wakes the sender
+                self._nudged.set()
+            return
         pending = self._pending[sock]
         pending.data += data
         if not data or len(pending.data) > _MAX_LINE:
@@ -196,3 +223,27 @@ def connect(host: str, port: int, token: str, member: str, timeout_s: float) -> 
     except BaseException:
         sock.close()
         raise
+
+
+def nudge(sock: socket.socket) -> None:
+    """One nudge to the other end (best effort: it polls too)."""
+    with contextlib.suppress(OSError):
+        sock.send(NUDGE)
+
+
+def wait_for_nudge(sock: socket.socket, timeout_s: float) -> bool:
+    """Until the trainer nudges or ``timeout_s``; whether it did. Reads every nudge already
+    there, so the next wait sleeps until a new one. Raises ``ConnectionError`` when the
+    trainer closed the connection (the caller polls without it)."""
+    readable, _, _ = select.select([sock], [], [], max(timeout_s, 0.0))
+    if not readable:
+        return False
+    try:
+        data = sock.recv(4096, socket.MSG_DONTWAIT)
+    except (BlockingIOError, InterruptedError):
+        return True
+    except OSError:
+        data = b""
+    if not data:
+        raise ConnectionError("the trainer closed the liveness connection")
+    return True

@@ -209,7 +209,20 @@ class WeightReceiver:
                     return update
             if time.monotonic() >= deadline:
                 return None
-            time.sleep(self.config.poll_s)
+            self._pause(min(self.config.poll_s, max(deadline - time.monotonic(), 0.0)))
+
+    def _pause(self, timeout_s: float) -> None:
+        """Until the trainer nudges (a round called) or ``timeout_s``: the nudge wakes this
+        engine within a round trip; without a liveness connection it is a plain poll."""
+        if self._liveness is None:
+            time.sleep(timeout_s)
+            return
+        try:
+            liveness.wait_for_nudge(self._liveness, timeout_s)
+        except (ConnectionError, OSError, ValueError):
+            # the trainer closed it (it is leaving or restarting): poll until it is back
+            self._liveness.close()
+            self._liveness = None
 
     def _check_admission(self) -> bool:
         """True when admitted; re-registers after being dropped; raises when refused."""
@@ -491,3 +504,5 @@ class WeightReceiver:
         """``r/<r>/<kind>/<member>``, signed, naming its round and member."""
         body = {"round": r, "member": self._member, "msg": kind, **fields}
         self._store.set(f"r/{r}/{kind}/{self._member}", rendezvous.sign_message(self._token, body))
+        if self._liveness is not None:
+            liveness.nudge(self._liveness)  # the trainer is waiting for it

@@ -396,6 +396,8 @@ class WeightSender:
         self._round_candidates[self._round] = list(candidates)
         counter = self._store.add("round", 1)
         assert counter == self._round, f"round counter {counter} != {self._round}: two trainers?"
+        if self._liveness is not None:
+            self._liveness.nudge_all()  # engines waiting for a round look now, not at a poll
         return self._round
 
     def _await_messages(
@@ -412,6 +414,8 @@ class WeightSender:
         start = time.monotonic()
         got: dict[str, dict | None] = {}
         while len(got) < len(members):
+            if self._liveness is not None:
+                self._liveness.clear_nudge()  # a message after this wakes the wait below
             waited_s = time.monotonic() - start
             for member in [m for m in members if m not in got]:
                 key = f"r/{r}/{kind}/{member}"
@@ -427,8 +431,16 @@ class WeightSender:
                 if self._admission.is_dead(member) or waited_s >= limit_s:
                     got[member] = None
             if len(got) < len(members):
-                time.sleep(self.config.poll_s)
+                self._pause()
         return got
+
+    def _pause(self) -> None:
+        """Until an engine nudges (it wrote a message) or ``poll_s``; a plain poll without
+        the liveness monitor."""
+        if self._liveness is None:
+            time.sleep(self.config.poll_s)
+        else:
+            self._liveness.wait_for_nudge(self.config.poll_s)
 
     def _silence(self, member: str, kind: str, timeout_s: float) -> str:
         """Why ``member`` sent no ``kind`` message."""
