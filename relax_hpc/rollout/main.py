@@ -73,15 +73,9 @@ class EngineWeights:
         return False
 
     def wait_for(self, min_version: int, should_stop) -> bool:
-        """Until the engine holds verified weights of ``min_version`` or newer. An engine
-        that already may generate only takes a round that is open now (async overlap: it
-        never waits for weights it is allowed not to have); one that is behind waits."""
         while True:
-            allowed = self.receiver.ready_to_generate and not self._behind(min_version)
             try:
-                update = self.receiver.poll_for_update(
-                    self.load, wait_s=0.0 if allowed else POLL_S
-                )
+                update = self.receiver.poll_for_update(self.load, wait_s=POLL_S)
             except WeightSyncRefused:
                 raise  # a wrong token is not fixed by retrying
             except (OSError, RuntimeError) as err:  # the trainer's store went away
@@ -336,7 +330,10 @@ def run_rollout(cfg: RunConfig, paths: RunPaths, identity: TaskIdentity) -> int:
         ),
         score=score,
         writer=ShardWriter(
-            paths.spool_dir, f"rollout.r{identity.rank}", cfg.spool.shard_max_samples
+            paths.spool_dir,
+            f"rollout.r{identity.rank}",
+            cfg.spool.shard_max_samples,
+            on_published=receiver.nudge_trainer,
         ),
         weights=weights,
         params=SamplingParams.from_config(cfg.rollout, cfg.seed),

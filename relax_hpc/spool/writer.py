@@ -75,13 +75,17 @@ class ShardWriter:
         shard_max_samples: int = 256,
         tmp_max_age_s: float = 3600.0,
         clock: Callable[[], float] = time.time,
+        on_published: Callable[[], None] = lambda: None,
     ) -> None:
+        """``on_published`` runs after shards are published (the rollout nudges the
+        trainer: it learns of them at once instead of at its next poll of ``ready/``)."""
         if shard_max_samples < 1:
             raise ValueError(f"spool.shard_max_samples must be >= 1, got {shard_max_samples}")
         self._layout = SpoolLayout(Path(spool_dir)).create()
         self.writer_id = check_writer_id(writer_id or default_writer_id())
         self._shard_max_samples = shard_max_samples
         self._clock = clock
+        self._on_published = on_published
         self._seq = 0
         self._host = socket.gethostname()
         self._stats = self._load_stats()
@@ -93,6 +97,7 @@ class ShardWriter:
         shards = split_into_shards(groups, self._shard_max_samples)
         published = [self._publish_shard(shard) for shard in shards]
         if published:
+            self._on_published()
             self._save_stats(shards, sum(num_bytes for _, num_bytes in published))
         return [path for path, _ in published]
 

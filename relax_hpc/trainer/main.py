@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import time
 
 import torch
 
@@ -72,7 +73,10 @@ def run_trainer(cfg: RunConfig, paths: RunPaths, identity: TaskIdentity) -> int:
     spec, tokenizer, backend = build_backend(cfg, device, identity)
     reader = (
         SpoolReader(
-            paths.spool_dir, dataclasses.replace(cfg.spool, max_staleness=cfg.max_staleness)
+            paths.spool_dir,
+            dataclasses.replace(cfg.spool, max_staleness=cfg.max_staleness),
+            # woken by a rollout's nudge when it published (spool.poll_s: the fallback)
+            sleep=sender.wait_for_engines if sender is not None else time.sleep,
         )
         if leader
         else None
@@ -99,7 +103,9 @@ def run_trainer(cfg: RunConfig, paths: RunPaths, identity: TaskIdentity) -> int:
         backend=backend,
         reader=reader,
         publish_weights=publish_weights,
-        store=CheckpointStore(paths, cfg.trainer.checkpoint_keep, identity.rank, _barrier(identity)),
+        store=CheckpointStore(
+            paths, cfg.trainer.checkpoint_keep, identity.rank, _barrier(identity)
+        ),
         stop=stop,
         metrics=metrics,
         broadcast_groups=torch_broadcast_groups(identity.rank)

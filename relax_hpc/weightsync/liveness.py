@@ -74,7 +74,7 @@ class LivenessMonitor:
         self._alive: dict[str, socket.socket] = {}
         self._dead: set[str] = set()
         self._lock = threading.Lock()
-        self._nudged = threading.Event()  # an engine nudged since the last clear_nudge()
+        self._nudged = threading.Event()  # an engine nudged since the last wait_for_nudge()
         self._stop = False
         self._thread = threading.Thread(target=self._run, name="weightsync-liveness", daemon=True)
         self._thread.start()
@@ -99,13 +99,13 @@ class LivenessMonitor:
         for sock in sockets:
             nudge(sock)  # a full buffer, or closed meanwhile: it polls, or it is gone
 
-    def clear_nudge(self) -> None:
-        """Call before looking at the store; a nudge after it wakes ``wait_for_nudge``."""
-        self._nudged.clear()
-
     def wait_for_nudge(self, timeout_s: float) -> bool:
-        """Until an engine nudged (since ``clear_nudge``) or ``timeout_s``; whether one did."""
-        return self._nudged.wait(timeout_s)
+        """Until an engine nudged or ``timeout_s``; whether one did. The nudge is consumed
+        on waking: an engine nudges after it wrote, and the caller looks again after this
+        returns, so a nudge is never lost (an old one only costs one more look)."""
+        fired = self._nudged.wait(timeout_s)
+        self._nudged.clear()
+        return fired
 
     def close(self) -> None:
         self._stop = True

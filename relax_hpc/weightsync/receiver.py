@@ -211,6 +211,12 @@ class WeightReceiver:
                 return None
             self._pause(min(self.config.poll_s, max(deadline - time.monotonic(), 0.0)))
 
+    def nudge_trainer(self) -> None:
+        """Wake the trainer now (it waits for samples or a message of this engine); a no-op
+        without a liveness connection, where it finds them at its next poll."""
+        if self._liveness is not None:
+            liveness.nudge(self._liveness)
+
     def _pause(self, timeout_s: float) -> None:
         """Until the trainer nudges (a round called) or ``timeout_s``: the nudge wakes this
         engine within a round trip; without a liveness connection it is a plain poll."""
@@ -504,5 +510,4 @@ class WeightReceiver:
         """``r/<r>/<kind>/<member>``, signed, naming its round and member."""
         body = {"round": r, "member": self._member, "msg": kind, **fields}
         self._store.set(f"r/{r}/{kind}/{self._member}", rendezvous.sign_message(self._token, body))
-        if self._liveness is not None:
-            liveness.nudge(self._liveness)  # the trainer is waiting for it
+        self.nudge_trainer()  # the trainer is waiting for it

@@ -414,8 +414,6 @@ class WeightSender:
         start = time.monotonic()
         got: dict[str, dict | None] = {}
         while len(got) < len(members):
-            if self._liveness is not None:
-                self._liveness.clear_nudge()  # a message after this wakes the wait below
             waited_s = time.monotonic() - start
             for member in [m for m in members if m not in got]:
                 key = f"r/{r}/{kind}/{member}"
@@ -435,12 +433,17 @@ class WeightSender:
         return got
 
     def _pause(self) -> None:
-        """Until an engine nudges (it wrote a message) or ``poll_s``; a plain poll without
+        """Until an engine nudges (it wrote a message) or ``poll_s``."""
+        self.wait_for_engines(self.config.poll_s)
+
+    def wait_for_engines(self, timeout_s: float) -> None:
+        """Until an engine nudges (a message, or samples it published) or ``timeout_s``: the
+        trainer's wait between two looks at the store or the spool. A plain sleep without
         the liveness monitor."""
         if self._liveness is None:
-            time.sleep(self.config.poll_s)
+            time.sleep(timeout_s)
         else:
-            self._liveness.wait_for_nudge(self.config.poll_s)
+            self._liveness.wait_for_nudge(timeout_s)
 
     def _silence(self, member: str, kind: str, timeout_s: float) -> str:
         """Why ``member`` sent no ``kind`` message."""

@@ -1,5 +1,6 @@
-"""Nudges over the liveness connection wake both sides of a sync at once; without them
-(the notifier gone mid-run) every version still arrives, by polling.
+"""Nudges over the liveness connection wake both sides of a sync, and the trainer waiting
+for samples, at once; without them (the notifier gone mid-run) every version and every
+shard still arrives, by polling.
 
 ``poll_s`` is 1 s here, so a sync that waits for a poll anywhere takes at least a second:
 one that wakes on nudges takes milliseconds (the transfer of ~3 MB on loopback).
@@ -7,10 +8,12 @@ one that wakes on nudges takes milliseconds (the transfer of ~3 MB on loopback).
 
 from __future__ import annotations
 
+import threading
 import time
 from dataclasses import replace
 
 import torch
+from spool_crash_worker import make_group
 from weightsync_peers import (
     expected_fingerprint,
     make_state,
@@ -21,7 +24,8 @@ from weightsync_peers import (
 )
 
 from relax_hpc.paths import RunPaths
-from relax_hpc.weightsync import WeightSender, WeightSyncConfig
+from relax_hpc.spool import ShardWriter, SpoolConfig, SpoolReader
+from relax_hpc.weightsync import WeightReceiver, WeightSender, WeightSyncConfig
 
 STARTUP_S = 60  # an engine process imports torch on 2 loaded cores
 POLL_S = 1.0
@@ -34,6 +38,11 @@ CONFIG = WeightSyncConfig(
     fs_fallback=False,
     advertise_host="127.0.0.1",
 )
+
+
+def admitted(sender: WeightSender, engines: list[str]) -> bool:
+    sender.admit_pending()
+    return set(engines) <= set(sender.admitted_engines)
 
 
 def timed_sync(sender: WeightSender, root, engines: list[str], version: int) -> float:
@@ -60,12 +69,7 @@ def test_nudges_wake_both_sides_and_polling_still_delivers_without_them(tmp_path
     sender = WeightSender(paths, CONFIG, "cpu")
     sender.start()
     try:
-
-        def admitted() -> bool:
-            sender.admit_pending()
-            return set(engines) <= set(sender.admitted_engines)
-
-        wait_until(admitted, STARTUP_S, "admission")
+        wait_until(lambda: admitted(sender, engines), STARTUP_S, "admission")
         wait_until(lambda: all(sender._admission.is_connected(m) for m in _members(sender)), 30,
                    "liveness connections")  # fmt: skip
         timed_sync(sender, paths.root, engines, 1)  # forms the group
@@ -85,3 +89,55 @@ def test_nudges_wake_both_sides_and_polling_still_delivers_without_them(tmp_path
 
 def _members(sender: WeightSender) -> list[str]:
     return list(sender._admission.admitted)
+
+
+def test_a_published_shard_wakes_the_trainer_and_polling_finds_it_without_the_notifier(
+    tmp_path,
+):
+    """The rollout's writer nudges the trainer's spool wait (``spool.poll_s`` 1 s here): a
+    shard is taken within milliseconds of its publication; with the notifier gone, at the
+    next poll, and nothing is lost."""
+    paths = RunPaths(tmp_path).create()
+    sender = WeightSender(paths, CONFIG, "cpu")
+    sender.start()
+    receiver = WeightReceiver(paths, "e1", CONFIG)
+    try:
+        receiver.join(None)
+        wait_until(lambda: admitted(sender, ["e1"]), 30, "admission")
+        wait_until(lambda: receiver.poll_for_update(lambda _: None) is None
+                   and receiver._liveness is not None, 30, "liveness")  # fmt: skip
+        spool = paths.spool_dir
+        writer = ShardWriter(spool, "rollout.r0", on_published=receiver.nudge_trainer)
+        config = SpoolConfig(poll_s=POLL_S, max_staleness=10)
+        reader = SpoolReader(spool, config, sleep=sender.wait_for_engines)
+        nudged = [_handoff_s(reader, writer, g) for g in range(3)]
+        print(f"hand-offs woken by nudges: {[round(t, 3) for t in nudged]} s (poll_s {POLL_S})")
+        assert max(nudged) < POLL_S / 2, nudged
+
+        sender._liveness.close()  # the notifier is gone: the reader polls ready/
+        sender._liveness = None
+        polled = [_handoff_s(reader, writer, g) for g in range(3, 5)]
+        print(f"hand-offs by polling alone: {[round(t, 3) for t in polled]} s")
+        assert min(polled) >= POLL_S / 4, polled  # slower, and every group arrived
+    finally:
+        receiver.close()
+        sender.close()
+
+
+def _handoff_s(reader: SpoolReader, writer: ShardWriter, group_index: int) -> float:
+    """Seconds from a shard's publication (0.2 s after the reader started waiting) to the
+    reader's return with its group."""
+    published_at: list[float] = []
+
+    def publish_later() -> None:
+        time.sleep(0.2)
+        writer.publish([make_group(0, group_index)])
+        published_at.append(time.monotonic())
+
+    thread = threading.Thread(target=publish_later)
+    thread.start()
+    (group,) = reader.next_batch(1, policy_version=0, timeout_s=30)
+    returned_at = time.monotonic()
+    thread.join()
+    assert group[0].group_id == f"w0-g{group_index}"
+    return returned_at - published_at[0]
