@@ -51,7 +51,6 @@ from __future__ import annotations
 import json
 import logging
 import time
-import zlib
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Protocol
@@ -111,12 +110,10 @@ class PerTensorEngine(Protocol):
 def tensor_checksum(tensor: torch.Tensor, algo: str) -> int:
     """``protocol``'s checksum of one tensor's bytes (zero-padded to whole 32-bit words)."""
     data = tensor.detach().contiguous().reshape(-1).view(torch.uint8)
-    if algo == protocol.CHECKSUM_CRC32:
-        return zlib.crc32(data.cpu().numpy())
     if algo == protocol.CHECKSUM_WSUM64:
         padded = torch.nn.functional.pad(data, (0, -data.numel() % 4))
         return protocol._wsum64(padded.view(torch.int32))
-    raise ValueError(f"unknown checksum algorithm {algo!r}")
+    return protocol.host_checksum(data.cpu().numpy(), algo)
 
 
 # --- the trainer's end of the group ---------------------------------------------------------------

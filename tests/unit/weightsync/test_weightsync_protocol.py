@@ -70,7 +70,9 @@ def test_duplicate_names_are_refused():
         protocol.plan_layout([("x", torch.zeros(2)), ("x", torch.zeros(2))], 64, None)
 
 
-@pytest.mark.parametrize("algo", [protocol.CHECKSUM_CRC32, protocol.CHECKSUM_WSUM64])
+@pytest.mark.parametrize(
+    "algo", [protocol.CHECKSUM_XXH3, protocol.CHECKSUM_CRC32, protocol.CHECKSUM_WSUM64]
+)
 def test_checksum_detects_a_flipped_bit_and_swapped_words(algo):
     buffer = torch.randint(0, 256, (4096,), dtype=torch.uint8)
     reference = protocol.bucket_checksum(buffer, algo)
@@ -96,3 +98,10 @@ def test_manifest_json_round_trip():
     layout = protocol.plan_layout(named, 256, torch.bfloat16)
     manifest = protocol.Manifest(7, 3, protocol.CHECKSUM_CRC32, layout)
     assert protocol.Manifest.from_json(manifest.to_json()) == manifest
+
+
+def test_cpu_buffers_are_checksummed_with_xxh3_and_unknown_algorithms_refused():
+    assert protocol.checksum_algo_for(torch.device("cpu")) == protocol.CHECKSUM_XXH3
+    assert protocol.checksum_algo_for(torch.device("cuda", 0)) == protocol.CHECKSUM_WSUM64
+    with pytest.raises(ValueError, match="unknown checksum algorithm 'md4'"):
+        protocol.bucket_checksum(torch.zeros(64, dtype=torch.uint8), "md4")

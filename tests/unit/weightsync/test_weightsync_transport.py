@@ -72,7 +72,9 @@ def test_per_tensor_classes_refuse_the_bucket_transport(tmp_path):
         PerTensorReceiver(paths, "e1", WeightSyncConfig(), engine=None)
 
 
-@pytest.mark.parametrize("algo", [protocol.CHECKSUM_CRC32, protocol.CHECKSUM_WSUM64])
+@pytest.mark.parametrize(
+    "algo", [protocol.CHECKSUM_XXH3, protocol.CHECKSUM_CRC32, protocol.CHECKSUM_WSUM64]
+)
 @pytest.mark.parametrize(
     "tensor",
     [
