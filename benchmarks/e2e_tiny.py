@@ -20,6 +20,7 @@ import argparse
 import subprocess
 import sys
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
@@ -33,7 +34,8 @@ def events(folder: Path) -> dict[str, list]:
     return {tag: accumulator.Scalars(tag) for tag in accumulator.Tags()["scalars"]}
 
 
-def run(mode: str, steps: int, root: Path) -> Path:
+def run(mode: str, steps: int, root: Path, overrides: Sequence[str] = ()) -> Path:
+    """grpo_tiny in ``mode`` for ``steps`` steps under ``root/mode`` (plus Hydra ``overrides``)."""
     run_dir = root / mode
     staleness = "1" if mode == "async" else "0"
     command = [
@@ -47,6 +49,7 @@ def run(mode: str, steps: int, root: Path) -> Path:
         f"max_staleness={staleness}",
         f"trainer.total_steps={steps}",
         "trainer.checkpoint_interval_steps=1000",
+        *overrides,
     ]
     subprocess.run(
         command, check=True, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
