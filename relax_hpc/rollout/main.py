@@ -73,9 +73,18 @@ class EngineWeights:
         return False
 
     def wait_for(self, min_version: int, should_stop) -> bool:
+        """Take newer weights if a round is open now; block only while behind ``min_version``.
+
+        An async rollout that may generate with the weights it has does not wait for the
+        trainer's next round: it generates while the trainer trains (the overlap), and the
+        trainer's call waits for it (``weightsync.busy_timeout_s``).
+        """
         while True:
+            may_generate = self.receiver.ready_to_generate and not self._behind(min_version)
             try:
-                update = self.receiver.poll_for_update(self.load, wait_s=POLL_S)
+                update = self.receiver.poll_for_update(
+                    self.load, wait_s=0.0 if may_generate else POLL_S
+                )
             except WeightSyncRefused:
                 raise  # a wrong token is not fixed by retrying
             except (OSError, RuntimeError) as err:  # the trainer's store went away

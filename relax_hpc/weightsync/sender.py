@@ -245,11 +245,13 @@ class WeightSender:
         """One round; returns the members to retry (their collective failed, they are alive)."""
         r = self._open_round(candidates)
         report.rounds += 1
-        ready = self._await_messages(r, "ready", candidates, self.config.timeout_s)
+        ready = self._await_messages(
+            r, "ready", candidates, self.config.timeout_s, self.config.busy_timeout_s
+        )
         self._ready = {m: body for m, body in ready.items() if body is not None}
         members = [m for m in candidates if m in self._ready and not self._admission.is_dead(m)]
         for member in sorted(set(candidates) - set(members)):
-            self._drop(member, r, self._silence(member, "ready", self.config.timeout_s), report)
+            self._drop(member, r, self._silence(member, "ready", self._ready_bound(member)), report)
         members = self._eligible(r, members, report)
         manifest = protocol.Manifest(report.policy_version, r, self._checksum_algo(), layout)
         generation = self._generation_for(members)
@@ -444,6 +446,12 @@ class WeightSender:
             time.sleep(timeout_s)
         else:
             self._liveness.wait_for_nudge(timeout_s)
+
+    def _ready_bound(self, member: str) -> float:
+        """How long ``member`` may take to answer a call: busy generating when it is alive."""
+        if self._admission.is_connected(member):
+            return self.config.busy_timeout_s
+        return self.config.timeout_s
 
     def _silence(self, member: str, kind: str, timeout_s: float) -> str:
         """Why ``member`` sent no ``kind`` message."""

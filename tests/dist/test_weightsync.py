@@ -209,3 +209,37 @@ def test_engine_with_wrong_token_is_refused(run, config):
     assert report.members == ["good"]
     assert "intruder" not in sender.admitted_engines
     sender.close()
+
+
+def test_an_engine_busy_generating_is_waited_for_and_a_stopped_one_dropped(run, config):
+    """An alive engine answers a call after it finished its batch (async overlap): it is
+    served although that took longer than timeout_s; one that is stopped (hung, its
+    connection open) is dropped after busy_timeout_s, not waited for forever."""
+    import os
+    import signal
+    import time
+
+    paths, processes, make_sender = run
+    cfg = replace(config, timeout_s=1.0, busy_timeout_s=8.0)
+    sender = make_sender(cfg)
+    processes.append(spawn_engine(paths.root, "busy", cfg, mode="busy:3"))
+    _await_admitted(sender, ["busy"])
+    assert sender.sync(make_state(1), 1).members == ["busy"]
+    began = time.monotonic()
+    report = sender.sync(make_state(2), 2)  # the engine attends it 3 s after version 1
+    assert report.members == ["busy"] and not report.dropped, report
+    assert time.monotonic() - began > 2 * cfg.timeout_s
+    assert _await_update(paths.root, "busy", 2)["fingerprint"] == expected_fingerprint(
+        2, torch.bfloat16
+    )
+
+    os.kill(processes[0].pid, signal.SIGSTOP)
+    try:
+        began = time.monotonic()
+        report = sender.sync(make_state(3), 3)
+        seconds = time.monotonic() - began
+    finally:
+        os.kill(processes[0].pid, signal.SIGCONT)
+    assert report.dropped == ["busy"], report
+    assert cfg.busy_timeout_s <= seconds < cfg.busy_timeout_s + 4 * cfg.timeout_s + 5, seconds
+    sender.close()

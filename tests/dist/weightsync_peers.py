@@ -218,6 +218,8 @@ def _engine_main(
                 source=update.source,
                 fingerprint=fingerprint(state),
             )
+            if mode.startswith("busy:") and update.policy_version == 1:
+                time.sleep(float(mode.split(":")[1]))  # generating: it attends no round
         if receiver.ready_to_generate != ready:
             ready = receiver.ready_to_generate
             emit(
@@ -236,7 +238,9 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser()
     parser.add_argument("root", type=Path)
     parser.add_argument("engine_id")
-    parser.add_argument("mode", help="normal | wrong_token | die_after_v1 | die:<phase>:<v>")
+    parser.add_argument(
+        "mode", help="normal | wrong_token | die_after_v1 | die:<phase>:<v> | busy:<s>"
+    )
     parser.add_argument("config_json")
     parser.add_argument("device", nargs="?", default="cpu")
     cli = parser.parse_args()
