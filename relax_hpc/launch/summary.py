@@ -55,6 +55,7 @@ class ProgressReporter:
         self.tty = hasattr(stream, "isatty") and stream.isatty()
         self.interval_s = 1.0 if self.tty else 30.0
         self.last_print = -float("inf")
+        self.last_text: str | None = None
         self.first: tuple[float, int] | None = None
 
     def line(self) -> str | None:
@@ -93,12 +94,23 @@ class ProgressReporter:
     def tick(self) -> None:
         if self.clock() - self.last_print < self.interval_s:
             return
-        self.last_print = self.clock()
         text = self.line()
-        if text is not None:
-            self.stream.write(f"\r{text}" if self.tty else f"relax_hpc: {text}\n")
-            self.stream.flush()
+        if text is None:  # no status yet: the interval starts at the first line written
+            return
+        self.last_print = self.clock()
+        self.write(text)
+
+    def write(self, text: str) -> None:
+        self.last_text = text
+        self.stream.write(f"\r{text}" if self.tty else f"relax_hpc: {text}\n")
+        self.stream.flush()
 
     def close(self) -> None:
-        if self.tty and self.first is not None:
+        """A log file ends with the last progress line too: a run shorter than the
+        interval would otherwise show none."""
+        if not self.tty:
+            text = self.line()
+            if text is not None and text != self.last_text:
+                self.write(text)
+        elif self.first is not None:
             self.stream.write("\n")

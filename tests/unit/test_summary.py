@@ -76,3 +76,29 @@ def test_summary_of_a_stopped_run_says_how_to_resume(tmp_path):
     lines = summary_lines(paths, end)
     assert any("cancelled at step 12 (stopped on request" in line for line in lines)
     assert any("resume with run_dir=" in line for line in lines)
+
+
+def test_a_tick_before_the_first_status_does_not_delay_the_first_line(tmp_path, fake_clock):
+    paths = RunPaths(tmp_path).create()
+    clock, stream = fake_clock(now=0.0), io.StringIO()
+    reporter = ProgressReporter(paths, total_steps=10, stream=stream, clock=clock)
+    reporter.tick()  # the trainer has not written its status yet
+    clock.now = 1.0
+    atomic_write_json(paths.trainer_status, {"step": 1, "metrics": {"reward/mean": 0.5}})
+    reporter.tick()
+    assert "step 1/10" in stream.getvalue()
+
+
+def test_a_log_file_ends_with_the_last_progress_line(tmp_path, fake_clock):
+    """A run shorter than the 30 s log interval still shows its progress (and episodes)."""
+    paths = RunPaths(tmp_path).create()
+    clock, stream = fake_clock(now=0.0), io.StringIO()
+    reporter = ProgressReporter(paths, total_steps=10, stream=stream, clock=clock)
+    atomic_write_json(paths.trainer_status, {"step": 1, "metrics": {"reward/mean": 0.5}})
+    reporter.tick()
+    clock.now = 5.0
+    atomic_write_json(paths.trainer_status, {"step": 10, "metrics": {"reward/mean": 0.9}})
+    reporter.tick()  # inside the interval: nothing written
+    assert "step 10/10" not in stream.getvalue()
+    reporter.close()
+    assert stream.getvalue().splitlines()[-1].startswith("relax_hpc: [####################] step 10/10")
