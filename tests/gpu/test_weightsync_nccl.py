@@ -59,7 +59,9 @@ def test_gloo_from_a_cuda_trainer_stages_in_host_memory(tmp_path):
             assert sender.sync(state, version).members == ["e1"]
             record = wait_until(
                 lambda v=version: [
-                    r for r in read_status(paths.root, "e1") if r.get("version") == v
+                    r
+                    for r in read_status(paths.root, "e1")
+                    if r.get("event") == "update" and r["version"] == v
                 ],
                 60,
                 f"e1 at v{version}",
@@ -98,7 +100,9 @@ def test_nccl_sync_of_several_versions_and_a_dead_engine(tmp_path):
             for engine_id in engine_ids:
                 record = wait_until(
                     lambda e=engine_id, v=version: [
-                        r for r in read_status(paths.root, e) if r.get("version") == v
+                        r
+                        for r in read_status(paths.root, e)
+                        if r.get("event") == "update" and r["version"] == v
                     ],
                     60,
                     f"{engine_id} at v{version}",

@@ -115,7 +115,9 @@ def transformer_config(hf_config: Any, settings: MegatronSettings):
         # The fused kernels are CUDA-only; on CPU every op must have a torch fallback.
         bias_activation_fusion=on_gpu,
         masked_softmax_fusion=on_gpu,
-        persist_layer_norm=on_gpu,
+        # Apex's persistent LayerNorm kernel only (no RMSNorm): the local spec's torch norms
+        # refuse it and TE's ignore it (found on the first GPU run).
+        persist_layer_norm=False,
         apply_rope_fusion=False,
         gradient_accumulation_fusion=False,
         **_recompute_kwargs(settings),

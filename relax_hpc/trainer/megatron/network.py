@@ -49,6 +49,7 @@ from relax_hpc.trainer.megatron.model import (
     load_weights_checked,
 )
 from relax_hpc.trainer.megatron.optim import (
+    prime_fresh_torch_adam,
     restore_scheduler,
 )
 
@@ -356,6 +357,7 @@ class MegatronModel:
 
         # Written before layouts were recorded: always dp_reshardable.
         sharding_type = saved.format if saved else "dp_reshardable"
+        prime_fresh_torch_adam(self.optimizer)
         state = self._sharded_state(is_loading=True, sharding_type=sharding_type)
         state = dist_checkpointing.load(state, str(checkpoint_dir))
         load_weights_checked(self.gpt_model, state["model"])

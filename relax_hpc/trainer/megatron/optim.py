@@ -91,3 +91,25 @@ def cpu_training_wrappers(model: torch.nn.Module, optim: OptimizerSettings) -> t
     optimizer = torch.optim.AdamW(model.parameters(), lr=optim.lr, weight_decay=optim.weight_decay)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_lambda(optim.warmup_steps))
     return model, optimizer, scheduler
+
+
+def prime_fresh_torch_adam(optimizer: Any) -> None:
+    """Give a fresh distributed optimizer on torch's Adam a zero state to load into.
+
+    Without Transformer Engine or Apex, Megatron's ``DistributedOptimizer.state_dict``
+    reads one ``step`` from every parameter's state, and a fresh torch Adam has none, so
+    building the state to load a checkpoint into fails (found on the first GPU run). Zero
+    moments and step 0 are what Adam's first step would create; the load overwrites them.
+    TE's and Apex's Adams keep their state otherwise and are left alone.
+    """
+    for megatron_optimizer in getattr(optimizer, "chained_optimizers", [optimizer]):
+        inner = megatron_optimizer.optimizer
+        if not isinstance(inner, torch.optim.Adam | torch.optim.AdamW):
+            continue
+        for group in inner.param_groups:
+            for param in group["params"]:
+                state = inner.state[param]
+                if not state:
+                    state["step"] = torch.tensor(0.0)
+                    state["exp_avg"] = torch.zeros_like(param)
+                    state["exp_avg_sq"] = torch.zeros_like(param)

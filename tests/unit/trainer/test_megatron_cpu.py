@@ -277,3 +277,17 @@ def test_critic_values_and_gradients_equal_the_torch_value_head(megatron_world):
         critic.gpt_model.final_norm.weight.grad, body["model.norm.weight"], atol=1e-4, rtol=0
     )
     assert torch.equal(critic.values(micro)[mask], values.detach()[mask])
+
+
+def test_the_gpu_config_builds_the_local_specs_norms_without_transformer_engine():
+    """A GPU node without Transformer Engine builds the local spec: its torch norms must
+    accept the GPU TransformerConfig (the first GPU run found persist_layer_norm refused).
+    The norms are built on CPU here: the config, not the device, is what they check."""
+    from megatron.core.transformer.torch_norm import WrappedTorchNorm
+
+    from relax_hpc.trainer.megatron.model import MegatronSettings, transformer_config
+
+    hf_config = tiny_qwen3(False).config
+    config = transformer_config(hf_config, MegatronSettings(dtype=torch.bfloat16))
+    norm = WrappedTorchNorm(config=config, hidden_size=hf_config.hidden_size, eps=1e-6)
+    assert isinstance(norm, torch.nn.RMSNorm)
