@@ -167,9 +167,7 @@ def _check_mode(cfg: RunConfig) -> None:
 
 def _check_backends(cfg: RunConfig) -> None:
     if cfg.trainer.backend == "megatron" and cfg.trainer.gpus_per_node == 0:
-        raise ConfigError(
-            "trainer.backend", "megatron needs GPUs; set trainer.gpus_per_node or backend=torch"
-        )
+        _check_megatron_on_cpu(cfg.trainer)
     if cfg.rollout.backend == "sglang" and cfg.rollout.gpus_per_node == 0:
         raise ConfigError(
             "rollout.backend",
@@ -224,6 +222,27 @@ def _check_trainer_layout(trainer: TrainerConfig) -> None:
         raise ConfigError(
             "trainer.parallel.expert",
             f"expert parallel {layout.expert} must divide data x context = {data * layout.context}",
+        )
+
+
+def _check_megatron_on_cpu(trainer: TrainerConfig) -> None:
+    """Megatron on CPU is one process (a laptop run of the Megatron code path): Megatron's
+    DDP, distributed optimizer and pipeline schedule are CUDA-only."""
+    layout = trainer.parallel
+    sizes = (layout.tensor, layout.pipeline, layout.context, layout.expert, max(layout.data, 1))
+    if trainer_world_size(trainer) != 1 or sizes != (1, 1, 1, 1, 1):
+        raise ConfigError(
+            "trainer.backend",
+            "megatron on CPU trains in one process with every trainer.parallel size 1 "
+            f"(got {trainer_world_size(trainer)} processes, tensor/pipeline/context/expert/"
+            f"data {'/'.join(map(str, sizes))}); set trainer.gpus_per_node for more, or "
+            "trainer.backend=torch (data parallel on CPU)",
+        )
+    if trainer.activation_checkpointing:
+        raise ConfigError(
+            "trainer.activation_checkpointing",
+            "megatron on CPU cannot recompute activations (Megatron saves CUDA RNG states "
+            "for it); set trainer.activation_checkpointing=false",
         )
 
 

@@ -90,4 +90,6 @@ def test_a_multimodal_miniature_fails_clearly_until_multimodal_support_lands(nam
 def test_the_gpu_script_runs_every_miniature_before_any_gpu_test():
     script = (REPO / "scripts" / "test_gpu.sh").read_text()
     miniature = script.index('CUDA_VISIBLE_DEVICES="" python -m pytest tests/e2e/test_miniature.py')
-    assert miniature < script.index("python -m pytest -m gpu tests/gpu")
+    assert miniature < script.index("bash scripts/gpu_check.sh")
+    gpu_check = (REPO / "scripts" / "gpu_check.sh").read_text()
+    assert "python3 -m pytest -m gpu tests/gpu" in gpu_check

@@ -50,6 +50,21 @@ BAD_CONFIGS = [
     ),
     pytest.param(TINY + ["mode=bogus"], "mode", id="unknown-mode"),
     pytest.param(TINY + ["rollout.backend=sglang"], "rollout.backend", id="sglang-on-cpu"),
+    pytest.param(
+        TINY + ["trainer.backend=megatron", "trainer.processes_per_node=2"],
+        "trainer.backend",
+        id="megatron-on-cpu-in-two-processes",
+    ),
+    pytest.param(
+        TINY + ["trainer.backend=megatron", "trainer.parallel.tensor=2"],
+        "trainer.backend",
+        id="megatron-on-cpu-with-tensor-parallelism",
+    ),
+    pytest.param(
+        TINY + ["trainer.backend=megatron", "trainer.activation_checkpointing=true"],
+        "trainer.activation_checkpointing",
+        id="megatron-on-cpu-recomputing",
+    ),
     pytest.param(TINY + ["trainer.seed=3"], "trainer.seed", id="key-in-wrong-group"),
     pytest.param(
         TINY + ["cluster.time_min=1", "cluster.signal_grace_s=60"],

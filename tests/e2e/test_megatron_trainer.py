@@ -1,0 +1,70 @@
+"""The Megatron trainer end to end on CPU: ``trainer.backend=megatron`` in one process beside
+the transformers engine, through the same entry point, spool, weight sync, DCP checkpoints
+and Hugging Face export as a GPU run (Megatron's DDP and distributed optimizer are the
+CUDA-only parts; on CPU the model trains under torch's AdamW).
+
+Killed with SIGKILL after its first checkpoint, the run resumes from it and trains every
+sample exactly once; the export loads with ``transformers``.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+
+import pytest
+import torch
+from e2e_helpers import REPO, failure_report, submit, submit_command, submit_env, wait_for_step
+from transformers import AutoModelForCausalLM
+
+from relax_hpc.paths import RunPaths, read_json
+from relax_hpc.spool import check_exactly_once, read_shard
+
+MEGATRON = [
+    "trainer.backend=megatron",
+    "model.warm_start=false",
+    "trainer.total_steps=6",
+    "trainer.checkpoint_interval_steps=3",
+    "cluster.max_restarts=0",
+    "observe.audit_sample_ids=true",
+    "spool.keep_consumed=true",
+    "rollout.prompts_per_step=4",
+    "rollout.n_samples_per_prompt=4",
+    "rollout.eval_interval_steps=0",
+]
+
+
+@pytest.mark.slow
+def test_a_sigkilled_megatron_trainer_resumes_and_exports(tmp_path):
+    run_dir, paths = tmp_path / "run", RunPaths(tmp_path / "run")
+    first = subprocess.Popen(
+        submit_command(run_dir, *MEGATRON),
+        cwd=REPO,
+        env=submit_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    wait_for_step(paths.trainer_status, 4, first, timeout_s=600)
+    os.kill(read_json(paths.rendezvous_dir / "trainer.json")["pid"], signal.SIGKILL)
+    _, stderr = first.communicate(timeout=300)
+    assert first.returncode != 0 and "trainer[0] exited with -9" in stderr
+
+    second = submit(run_dir, "resume=auto", timeout_s=600)
+    assert second.returncode == 0, failure_report(second, run_dir)
+    log = paths.task_log("trainer", 0).read_text()
+    assert "resumed from" in log and "step 3)" in log and "step 6/6" in log
+    trained = read_json(paths.consumed_sample_ids)
+    assert len(trained) == 6
+    published = {
+        sample.sample_id
+        for shard in (paths.spool_dir / "consumed").iterdir()
+        for group in read_shard(shard)[1]
+        for sample in group
+    }
+    assert not check_exactly_once(published | {s for step in trained for s in step}, trained)
+
+    export = read_json(paths.trainer_done)["export_dir"]
+    model = AutoModelForCausalLM.from_pretrained(export, local_files_only=True)
+    assert all(torch.isfinite(p).all() for p in model.parameters())
