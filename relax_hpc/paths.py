@@ -7,8 +7,8 @@ inner layouts of ``spool/``, ``rendezvous/`` (weight sync), ``weights/v<N>/`` an
 checkpoint folder belong to the packages that own those folders. docs/architecture.md
 maps who writes and who reads each path (a test keeps it in step with ``RunPaths``).
 
-Helpers: ``atomic_write_*`` (temp name, fsync, rename), ``read_json``, ``fsync_file``,
-``fsync_dir`` and ``tail_text`` (the last lines of a log).
+Helpers: ``atomic_write_*`` (temp name, fsync, rename), ``exclusive_create_json`` (claim a
+name), ``read_json``, ``fsync_file``, ``fsync_dir`` and ``tail_text`` (the last lines of a log).
 
 Must not: import torch, Hydra, or anything else of ours.
 """
@@ -78,6 +78,26 @@ def atomic_write_text(path: Path | str, text: str, mode: int = 0o644) -> Path:
 
 def atomic_write_json(path: Path | str, obj: Any, mode: int = 0o644) -> Path:
     return atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=True) + "\n", mode)
+
+
+def exclusive_create_json(path: Path | str, obj: Any, mode: int = 0o644) -> bool:
+    """Create ``path`` holding ``obj`` unless it exists; True when this call created it.
+
+    Written under a temp name and hard-linked to its final one: ``link`` fails when the
+    name exists, atomically on NFS too (``O_EXCL`` is not safe on every NFS), and readers
+    never see a partial file. The way to claim a name that several processes race for.
+    """
+    path = Path(path)
+    tmp = _tmp_name(path)
+    atomic_write_json(tmp, obj, mode)
+    try:
+        os.link(tmp, path)
+        fsync_dir(path.parent)
+        return True
+    except FileExistsError:
+        return False
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 _REQUIRED = object()
@@ -259,9 +279,10 @@ class RunPaths:
         """Rollout worker ``rank``'s last batch: metrics, policy version, time."""
         return self.status_dir / f"rollout-{rank}.json"
 
-    def rollout_progress(self, rank: int) -> Path:
-        """Rollout worker ``rank``'s prompt position (batches published); it resumes there."""
-        return self.status_dir / f"rollout-{rank}-progress.json"
+    @property
+    def rollout_assignment_dir(self) -> Path:
+        """Which rollout worker generates which prompt groups (``rollout.assignment``)."""
+        return self.root / "rollout_assignment"
 
     @property
     def eval_history(self) -> Path:

@@ -130,6 +130,9 @@ class RolloutConfig:
     engine_mem_fraction: float = 0.85  # sglang: static memory fraction of each GPU
     eval_interval_steps: int = 10  # greedy held-out eval every N policy versions (0 = off)
     torch_threads: int = 1
+    # A worker's claims on prompt groups (rollout/assignment.py) pass to another worker when
+    # its heartbeat (every claim_lease_s / 4) is this old: it died or hangs.
+    claim_lease_s: float = 120.0
     # Multi-turn (agentic) rollouts (docs/agents.md). null: one completion per sample, scored
     # by rollout.reward. Else a built-in environment (calculator | guess_number |
     # python_math) or a user's package.module:Class, resolved at submit; it rewards its own

@@ -107,6 +107,12 @@ def _check_positive(cfg: RunConfig) -> None:
     }.items():
         if value < 0:
             raise ConfigError(name, f"must be >= 0, got {value}")
+    if not cfg.rollout.claim_lease_s > 0:
+        raise ConfigError(
+            "rollout.claim_lease_s",
+            f"must be > 0 seconds (how old a worker's heartbeat may be before its prompt "
+            f"groups pass to another worker), got {cfg.rollout.claim_lease_s}",
+        )
 
 
 def _validate_section(prefix: str, section) -> None:

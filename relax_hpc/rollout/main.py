@@ -18,6 +18,7 @@ from relax_hpc.data.sampler import PromptSampler
 from relax_hpc.models.build import build_causal_lm, build_tokenizer, resolve_dtype
 from relax_hpc.observe.metrics import MetricsLogger
 from relax_hpc.paths import RunPaths, atomic_write_json
+from relax_hpc.rollout.assignment import GroupAssignment, WorkerHeartbeat, worker_name
 from relax_hpc.rollout.engines.base import Engine, GenerationRequest, SamplingParams
 from relax_hpc.rollout.engines.sglang_engine import SGLangEngine
 from relax_hpc.rollout.engines.transformers_engine import TransformersEngine
@@ -320,10 +321,21 @@ def run_rollout(cfg: RunConfig, paths: RunPaths, identity: TaskIdentity) -> int:
         paths.rollout_tensorboard_dir(identity.rank),
         paths.rollout_status(identity.rank),
     )
+    assignment = GroupAssignment(
+        paths.rollout_assignment_dir,
+        worker_name(identity.rank),
+        cfg.rollout.prompts_per_step,
+        groups_per_chunk=-(-cfg.rollout.prompts_per_step // identity.world_size),
+        lease_s=cfg.rollout.claim_lease_s,
+    )
+    heartbeat = WorkerHeartbeat(
+        paths.rollout_assignment_dir,
+        worker_name(identity.rank),
+        interval_s=cfg.rollout.claim_lease_s / 4,
+        details=lambda: {"policy_version": engine.policy_version},
+    ).start()
     worker = RolloutWorker(
         settings=RolloutSettings(
-            worker=identity.rank,
-            num_workers=identity.world_size,
             prompts_per_step=cfg.rollout.prompts_per_step,
             n_samples_per_prompt=cfg.rollout.n_samples_per_prompt,
             max_staleness=cfg.max_staleness,
@@ -347,7 +359,7 @@ def run_rollout(cfg: RunConfig, paths: RunPaths, identity: TaskIdentity) -> int:
         weights=weights,
         params=SamplingParams.from_config(cfg.rollout, cfg.seed),
         metrics=metrics,
-        progress_path=paths.rollout_progress(identity.rank),
+        assignment=assignment,
         evaluator=make_evaluator(cfg, engine, tokenizer, eval_score, metrics, paths, episodes)
         if leader and cfg.rollout.eval_interval_steps > 0
         else None,
@@ -358,6 +370,7 @@ def run_rollout(cfg: RunConfig, paths: RunPaths, identity: TaskIdentity) -> int:
     try:
         return worker.run()
     finally:
+        heartbeat.stop()
         metrics.close()
         receiver.close()
         close_rollout_parts(episodes, score, eval_score)

@@ -23,6 +23,7 @@ BAD_CONFIGS = [
     pytest.param(
         QWEN + ["trainer.parallel.tensor=3"], "trainer.parallel.tensor", id="tp-divides-gpus"
     ),
+    pytest.param(TINY + ["rollout.claim_lease_s=0"], "rollout.claim_lease_s", id="lease"),
     pytest.param(
         QWEN + ["rollout.engine_tensor_parallel=3"],
         "rollout.engine_tensor_parallel",

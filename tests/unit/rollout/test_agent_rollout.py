@@ -18,6 +18,7 @@ from relax_hpc.data.datasets import PromptRecord, build_dataset
 from relax_hpc.data.sampler import PromptSampler
 from relax_hpc.models.tokenizer import build_char_tokenizer
 from relax_hpc.observe.metrics import MetricsLogger
+from relax_hpc.rollout.assignment import GroupAssignment
 from relax_hpc.rollout.engines.base import SamplingParams
 from relax_hpc.rollout.engines.transformers_engine import TransformersEngine
 from relax_hpc.rollout.episodes import EpisodeRollout, build_episode_rollout, environment_row
@@ -41,7 +42,7 @@ def engine() -> TransformersEngine:
 def worker(cfg: RunConfig, engine, episodes, tmp_path, trainer, batches: int) -> RolloutWorker:
     tokenizer = engine.tokenizer
     return RolloutWorker(
-        settings=RolloutSettings(0, 1, 2, 3, max_staleness=0, eval_interval_steps=0, seed=1),
+        settings=RolloutSettings(2, 3, max_staleness=0, eval_interval_steps=0, seed=1),
         engine=engine,
         sampler=PromptSampler(build_dataset(cfg.data, tokenizer), seed=1),
         score=lambda pairs: pytest.fail("an environment rewards its own episodes"),
@@ -49,7 +50,7 @@ def worker(cfg: RunConfig, engine, episodes, tmp_path, trainer, batches: int) ->
         weights=trainer,
         params=PARAMS,
         metrics=MetricsLogger(tmp_path / "tb", tmp_path / "status.json"),
-        progress_path=tmp_path / "progress.json",
+        assignment=GroupAssignment(tmp_path / "assign", "r0", 2, 2, lease_s=60),
         should_stop=lambda: len(trainer.while_training) > batches,
         episodes=episodes,
     )

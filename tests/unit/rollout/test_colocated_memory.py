@@ -18,6 +18,7 @@ from relax_hpc.data.sampler import PromptSampler
 from relax_hpc.models.build import build_causal_lm
 from relax_hpc.models.tokenizer import build_char_tokenizer
 from relax_hpc.observe.metrics import MetricsLogger
+from relax_hpc.rollout.assignment import GroupAssignment
 from relax_hpc.rollout.engines.base import GenerationRequest, SamplingParams
 from relax_hpc.rollout.engines.transformers_engine import TransformersEngine
 from relax_hpc.rollout.loop import RolloutSettings, RolloutWorker
@@ -100,8 +101,6 @@ def run_worker(tmp_path, colocated: bool, batches: int = 3) -> tuple[list[int], 
     trainer = TrainerSide(engine)
     worker = RolloutWorker(
         settings=RolloutSettings(
-            worker=0,
-            num_workers=1,
             prompts_per_step=2,
             n_samples_per_prompt=2,
             max_staleness=0,
@@ -116,7 +115,7 @@ def run_worker(tmp_path, colocated: bool, batches: int = 3) -> tuple[list[int], 
         weights=trainer,
         params=PARAMS,
         metrics=MetricsLogger(None, None),
-        progress_path=tmp_path / "progress.json",
+        assignment=GroupAssignment(tmp_path / "assign", "r0", 2, 2, lease_s=60),
         should_stop=lambda: len(trainer.while_training) > batches,
     )
     assert worker.run() == 0

@@ -1,0 +1,284 @@
+"""Which rollout worker generates which prompt groups: claims in the run directory.
+
+Batch ``k`` (consumed by training step ``k + 1``) is groups ``[k * P, (k + 1) * P)``, ``P``
+prompts per step. It is cut into *chunks* of ``C`` groups (the last one shorter), and a
+worker generates a chunk only after claiming it. Claims replace the fixed ``g % W`` split,
+so any number of workers, joining or leaving, consume the prompt stream once:
+
+    rollout_assignment/
+      layout.json                   P and C, fixed by the run's first worker
+      b<batch:08d>/j<chunk:04d>.claim   {"worker", "incarnation", "time"}: being generated
+      b<batch:08d>/j<chunk:04d>.done    published to the spool
+      workers/<worker>.json         heartbeats (``WorkerHeartbeat``)
+      floor/<batch:08d>             every chunk of every earlier batch is done
+
+* A claim is an exclusive create (``paths.exclusive_create_json``): one winner per chunk.
+* A chunk is *done* once its shard is published; the done marker is written before the
+  claim is removed, so a scan never sees a published chunk as open.
+* A claim is taken over when its holder's heartbeat is older than ``lease_s`` (the worker
+  died or hangs), or when it is the holder's own from an earlier incarnation (the same
+  worker restarted): the claim is renamed away first, and only the one rename that wins
+  may claim again. Regenerated groups have the same sample ids (``g/j``), so if the old
+  holder did publish after all, the spool drops the copy as a duplicate: a takeover costs
+  at most repeated work, never a sample trained twice or a prompt skipped.
+* When a batch and all below it are done, the worker that finished it creates
+  ``floor/<next>`` (exclusively, so one of them) and removes the batch's folder: the
+  folder stays small over a long run, and a scan starts at the floor.
+
+The data position is this folder, not a worker's progress: it lives on the shared run
+directory beside the spool and survives any worker's crash. Must not: read shards or
+know about engines.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import secrets
+import shutil
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from relax_hpc.paths import atomic_write_json, exclusive_create_json, read_json
+
+_BATCH_DIR = re.compile(r"^b(\d{8})$")
+_FLOOR = re.compile(r"^\d{8}$")
+
+
+@dataclass(frozen=True)
+class Chunk:
+    batch: int
+    index: int
+    groups: tuple[int, ...]
+
+    @property
+    def name(self) -> str:
+        return f"j{self.index:04d}"
+
+
+class AssignmentLayoutError(ValueError):
+    """The run's assignment folder was made with another prompts-per-step or chunk size."""
+
+
+class GroupAssignment:
+    """One worker's view of the shared claims (one instance per worker process)."""
+
+    def __init__(
+        self,
+        root: Path,
+        worker: str,
+        prompts_per_step: int,
+        groups_per_chunk: int,
+        lease_s: float,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.root = Path(root)
+        self.worker = worker
+        self.incarnation = secrets.token_hex(6)
+        self.lease_s = lease_s
+        self.clock = clock
+        self.prompts_per_step, self.groups_per_chunk = self._layout(
+            prompts_per_step, groups_per_chunk
+        )
+        self.chunks_per_batch = -(-self.prompts_per_step // self.groups_per_chunk)
+
+    # --- claiming --------------------------------------------------------------------------
+    def lowest_open_batch(self) -> int:
+        """The first batch with a chunk nobody is generating (the next to wait weights for)."""
+        batch = self.floor()
+        while not any(self._is_open(batch, j) for j in range(self.chunks_per_batch)):
+            batch += 1
+        return batch
+
+    def claim(self, max_batch: int) -> Chunk | None:
+        """Claim the first open chunk of a batch ``<= max_batch``, or None when all are taken."""
+        batch = self.floor()
+        while batch <= max_batch:
+            for index in range(self.chunks_per_batch):
+                if self._is_open(batch, index) and self._try_claim(batch, index):
+                    return self._chunk(batch, index)
+            batch += 1
+        return None
+
+    def complete(self, chunk: Chunk) -> None:
+        """The chunk's groups are published: mark it done, release it, maybe raise the floor."""
+        folder = self._batch_dir(chunk.batch)
+        atomic_write_json(folder / f"{chunk.name}.done", self._stamp())
+        (folder / f"{chunk.name}.claim").unlink(missing_ok=True)
+        self._raise_floor()
+
+    def release(self, chunk: Chunk) -> None:
+        """Give a claimed chunk back ungenerated (a worker draining or stopping)."""
+        path = self._batch_dir(chunk.batch) / f"{chunk.name}.claim"
+        if self._holder(path) == (self.worker, self.incarnation):
+            path.unlink(missing_ok=True)
+
+    def floor(self) -> int:
+        entries = [int(n) for n in _names(self.root / "floor") if _FLOOR.match(n)]
+        return max(entries, default=0)
+
+    # --- status ----------------------------------------------------------------------------
+    def holders(self) -> dict[str, list[str]]:
+        """Worker -> the chunks it holds (``b<batch>/j<chunk>``), for status and tests."""
+        held: dict[str, list[str]] = {}
+        for batch in range(self.floor(), self._highest_batch() + 1):
+            for name in sorted(_names(self._batch_dir(batch))):
+                if name.endswith(".claim"):
+                    worker = (self._holder(self._batch_dir(batch) / name) or ("?", ""))[0]
+                    held.setdefault(worker, []).append(f"b{batch:08d}/{name[:-6]}")
+        return held
+
+    # --- internals -------------------------------------------------------------------------
+    def _layout(self, prompts_per_step: int, groups_per_chunk: int) -> tuple[int, int]:
+        wanted = {"prompts_per_step": prompts_per_step, "groups_per_chunk": groups_per_chunk}
+        self.root.mkdir(parents=True, exist_ok=True)
+        exclusive_create_json(self.root / "layout.json", wanted)
+        found = read_json(self.root / "layout.json")
+        if found["prompts_per_step"] != prompts_per_step:
+            raise AssignmentLayoutError(
+                f"{self.root} was made for rollout.prompts_per_step="
+                f"{found['prompts_per_step']}, this run has {prompts_per_step}: a run's "
+                "batches cannot change size; start a new run_dir for a new batch size"
+            )
+        return found["prompts_per_step"], found["groups_per_chunk"]
+
+    def _chunk(self, batch: int, index: int) -> Chunk:
+        start = batch * self.prompts_per_step + index * self.groups_per_chunk
+        stop = min(start + self.groups_per_chunk, (batch + 1) * self.prompts_per_step)
+        return Chunk(batch, index, tuple(range(start, stop)))
+
+    def _batch_dir(self, batch: int) -> Path:
+        return self.root / f"b{batch:08d}"
+
+    def _stamp(self) -> dict[str, Any]:
+        return {"worker": self.worker, "incarnation": self.incarnation, "time": self.clock()}
+
+    def _is_open(self, batch: int, index: int) -> bool:
+        if batch < self.floor():
+            return False
+        folder = self._batch_dir(batch)
+        if (folder / f"j{index:04d}.done").exists():
+            return False
+        claim = folder / f"j{index:04d}.claim"
+        return not claim.exists() or self._claim_expired(claim)
+
+    def _claim_expired(self, claim: Path) -> bool:
+        holder = self._holder(claim)
+        if holder is None:
+            return False  # vanished under us (completed or taken over): look again later
+        worker, incarnation = holder
+        if worker == self.worker:
+            return incarnation != self.incarnation  # mine, from before a restart
+        return not heartbeat_alive(self.root, worker, self.lease_s, self.clock())
+
+    def _holder(self, claim: Path) -> tuple[str, str] | None:
+        found = read_json(claim, default=None)
+        return None if found is None else (found["worker"], found["incarnation"])
+
+    def _try_claim(self, batch: int, index: int) -> bool:
+        folder = self._batch_dir(batch)
+        claim = folder / f"j{index:04d}.claim"
+        if claim.exists():
+            # Taken over: only the process whose rename wins may claim; a loser sees ENOENT.
+            expired = folder / f"j{index:04d}.expired.{self.incarnation}"
+            try:
+                os.rename(claim, expired)
+            except FileNotFoundError:
+                return False
+            expired.unlink(missing_ok=True)
+        if batch < self.floor():
+            return False  # done and collected meanwhile
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            won = exclusive_create_json(claim, self._stamp())
+        except FileNotFoundError:
+            return False  # the folder was collected under a new floor
+        if won and (batch < self.floor() or (folder / f"j{index:04d}.done").exists()):
+            claim.unlink(missing_ok=True)  # done meanwhile: nothing to generate
+            return False
+        return won
+
+    def _batch_done(self, batch: int) -> bool:
+        folder = self._batch_dir(batch)
+        return all((folder / f"j{j:04d}.done").exists() for j in range(self.chunks_per_batch))
+
+    def _raise_floor(self) -> None:
+        floor = self.floor()
+        while self._batch_done(floor):
+            if not exclusive_create_json(self.root / "floor" / f"{floor + 1:08d}", {}):
+                return  # another worker raised it and collects
+            shutil.rmtree(self._batch_dir(floor), ignore_errors=True)
+            (self.root / "floor" / f"{floor:08d}").unlink(missing_ok=True)
+            floor += 1
+
+    def _highest_batch(self) -> int:
+        batches = [int(m.group(1)) for n in _names(self.root) if (m := _BATCH_DIR.match(n))]
+        return max(batches, default=self.floor())
+
+
+def _names(folder: Path) -> list[str]:
+    try:
+        return os.listdir(folder)
+    except FileNotFoundError:
+        return []
+
+
+# --- heartbeats ------------------------------------------------------------------------------
+def worker_name(rank: int) -> str:
+    """A worker of the run's own rollout component: ``r<rank>``."""
+    return f"r{rank}"
+
+
+def heartbeat_path(root: Path, worker: str) -> Path:
+    return Path(root) / "workers" / f"{worker}.json"
+
+
+def heartbeat_alive(root: Path, worker: str, lease_s: float, now: float) -> bool:
+    beat = read_json(heartbeat_path(root, worker), default=None)
+    return beat is not None and not beat.get("left") and now - beat["time"] <= lease_s
+
+
+class WorkerHeartbeat:
+    """A thread that rewrites ``workers/<worker>.json`` every ``interval_s``.
+
+    A thread, not the loop, so a long generation is not taken for a hang; a stopped
+    (SIGSTOP) or dead process stops beating, and its claims expire after the lease.
+    ``details`` (policy version, samples) is read at each beat, for ``status``.
+    """
+
+    def __init__(
+        self,
+        root: Path,
+        worker: str,
+        interval_s: float,
+        details: Callable[[], Mapping[str, Any]] = dict,
+    ) -> None:
+        self.path = heartbeat_path(root, worker)
+        self.interval_s = interval_s
+        self.details = details
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="heartbeat", daemon=True)
+
+    def start(self) -> WorkerHeartbeat:
+        self.beat()
+        self._thread.start()
+        return self
+
+    def beat(self, left: bool = False) -> None:
+        record = {"time": time.time(), "pid": os.getpid(), "left": left, **self.details()}
+        atomic_write_json(self.path, record)
+
+    def stop(self) -> None:
+        """Stop beating and say so: the worker's claims are free at once, not after a lease."""
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=self.interval_s + 1)
+        self.beat(left=True)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            self.beat()
