@@ -18,7 +18,9 @@ as a traceback.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
+import re
 import sys
 
 from relax_hpc import exitcodes
@@ -26,6 +28,7 @@ from relax_hpc.paths import RunPaths, atomic_write_json
 from relax_hpc.runtime import TaskIdentity, stop_when_orphaned
 
 ROLES = ("trainer", "rollout", "judge")  # judge: judge.placement=component
+POOL_NAME = re.compile(r"^x[A-Za-z0-9_]{1,31}$")  # extra rollout pools: relax_hpc.scale
 
 log = logging.getLogger(__name__)
 
@@ -36,13 +39,22 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     )
     parser.add_argument("role", choices=ROLES)
     parser.add_argument("--run-dir", required=True)
-    return parser.parse_args(argv)
+    parser.add_argument(
+        "--pool",
+        default=None,
+        help="rollout only: the extra worker pool this task belongs to (relax_hpc.scale)",
+    )
+    args = parser.parse_args(argv)
+    if args.pool is not None and (args.role != "rollout" or not POOL_NAME.match(args.pool)):
+        parser.error(f"--pool {args.pool!r}: rollout only, and {POOL_NAME.pattern}")
+    return args
 
 
 def configure_logging(role: str, identity: TaskIdentity) -> None:
+    task = identity.rank if identity.pool is None else f"{identity.pool}.{identity.rank}"
     logging.basicConfig(
         level=logging.INFO,
-        format=f"%(asctime)s {role}[{identity.rank}] %(levelname)s %(name)s: %(message)s",
+        format=f"%(asctime)s {role}[{task}] %(levelname)s %(name)s: %(message)s",
         stream=sys.stdout,
     )
 
@@ -71,7 +83,7 @@ def import_error(paths: RunPaths, role: str, err: ImportError) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
-    identity = TaskIdentity.from_environ()
+    identity = dataclasses.replace(TaskIdentity.from_environ(), pool=args.pool)
     stop_when_orphaned()
     configure_logging(args.role, identity)
     paths = RunPaths(args.run_dir)

@@ -183,6 +183,11 @@ class RunPaths:
         """Operator requests (cancel, drain) as flag files."""
         return self.root / "control"
 
+    def drain_request(self, name: str) -> Path:
+        """Present when an operator asked rollout worker or pool ``name`` to finish its
+        in-flight groups and leave (``relax_hpc.scale drain``)."""
+        return self.control_dir / "drain" / f"{name}"
+
     @property
     def cancel_request(self) -> Path:
         """Present when an operator asked for a clean stop (``relax_hpc.cancel``)."""
@@ -252,7 +257,7 @@ class RunPaths:
     def trainer_tensorboard_dir(self) -> Path:
         return self.tensorboard_dir / "trainer"
 
-    def rollout_tensorboard_dir(self, rank: int) -> Path:
+    def rollout_tensorboard_dir(self, rank: int | str) -> Path:
         return self.tensorboard_dir / f"rollout-{rank}"
 
     @property
@@ -275,14 +280,26 @@ class RunPaths:
         """Every trained sample id per step (``observe.audit_sample_ids``), at the end."""
         return self.status_dir / "consumed_sample_ids.json"
 
-    def rollout_status(self, rank: int) -> Path:
-        """Rollout worker ``rank``'s last batch: metrics, policy version, time."""
+    def rollout_status(self, rank: int | str) -> Path:
+        """Rollout worker ``rank`` (or an extra pool's worker, by name)'s last batch: metrics, policy version, time."""
         return self.status_dir / f"rollout-{rank}.json"
 
     @property
     def rollout_assignment_dir(self) -> Path:
         """Which rollout worker generates which prompt groups (``rollout.assignment``)."""
         return self.root / "rollout_assignment"
+
+    def pool_record(self, pool: str) -> Path:
+        """An extra rollout pool (``relax_hpc.scale add``): its kind, size, pid or job id."""
+        return self.rollout_assignment_dir / "pools" / f"{pool}.json"
+
+    def pool_log(self, pool: str) -> Path:
+        """The output of an extra pool's supervisor (local) or batch script (Slurm)."""
+        return self.logs_dir / f"pool-{pool}.log"
+
+    def pool_script(self, pool: str) -> Path:
+        """The sbatch script an extra pool of a Slurm run was submitted with."""
+        return self.root / f"pool-{pool}.sbatch"
 
     @property
     def eval_history(self) -> Path:

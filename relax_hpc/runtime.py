@@ -27,6 +27,9 @@ class TaskIdentity:
     job_id: str  # Slurm job id (the hetjob leader's) or "local-<pid of the executor>"
     restart_count: int  # how many times the job was requeued / restarted before
     launcher: str  # slurm | local | none
+    # Rollout only: None for the run's own rollout step; else the name of an extra pool of
+    # workers added during the run (``relax_hpc.scale``), given on the command line.
+    pool: str | None = None
 
     @property
     def attempt(self) -> str:

@@ -263,7 +263,7 @@ class AlertConfig:
 class ObserveConfig:
     alerts: AlertConfig = field(default_factory=AlertConfig)
     # Keep every trained sample id per step in the checkpointed progress and write them to
-    # status/consumed_sample_ids.json at the end: the exactly-once audit of the tests.
+    # status/consumed_sample_ids.json at the end (or a stop): the exactly-once audit of tests.
     audit_sample_ids: bool = False
 
 

@@ -109,6 +109,13 @@ def submit_script(paths: RunPaths, script: str) -> str:
     return job.job_id
 
 
+def submit_pool_script(paths: RunPaths, script: str, pool: str) -> str:
+    """Submit an extra rollout pool's script (``launch/pool_sbatch.py``); its job id."""
+    folder = paths.submitit_dir / f"pool-{pool}"
+    folder.mkdir(parents=True, exist_ok=True)
+    return ScriptExecutor(folder, script)._submit_command("relax_hpc").job_id
+
+
 Runner = Callable[..., subprocess.CompletedProcess]
 
 

@@ -118,19 +118,11 @@ class GroupAssignment:
             path.unlink(missing_ok=True)
 
     def floor(self) -> int:
-        entries = [int(n) for n in _names(self.root / "floor") if _FLOOR.match(n)]
-        return max(entries, default=0)
+        return floor_of(self.root)
 
     # --- status ----------------------------------------------------------------------------
     def holders(self) -> dict[str, list[str]]:
-        """Worker -> the chunks it holds (``b<batch>/j<chunk>``), for status and tests."""
-        held: dict[str, list[str]] = {}
-        for batch in range(self.floor(), self._highest_batch() + 1):
-            for name in sorted(_names(self._batch_dir(batch))):
-                if name.endswith(".claim"):
-                    worker = (self._holder(self._batch_dir(batch) / name) or ("?", ""))[0]
-                    held.setdefault(worker, []).append(f"b{batch:08d}/{name[:-6]}")
-        return held
+        return chunk_holders(self.root)
 
     # --- internals -------------------------------------------------------------------------
     def _layout(self, prompts_per_step: int, groups_per_chunk: int) -> tuple[int, int]:
@@ -215,9 +207,25 @@ class GroupAssignment:
             (self.root / "floor" / f"{floor:08d}").unlink(missing_ok=True)
             floor += 1
 
-    def _highest_batch(self) -> int:
-        batches = [int(m.group(1)) for n in _names(self.root) if (m := _BATCH_DIR.match(n))]
-        return max(batches, default=self.floor())
+
+def floor_of(root: Path) -> int:
+    """Every chunk of every batch below this one is done."""
+    entries = [int(n) for n in _names(Path(root) / "floor") if _FLOOR.match(n)]
+    return max(entries, default=0)
+
+
+def chunk_holders(root: Path) -> dict[str, list[str]]:
+    """Worker -> the chunks it holds (``b<batch>/j<chunk>``); reads only (status, tests)."""
+    root = Path(root)
+    held: dict[str, list[str]] = {}
+    batches = sorted(int(m.group(1)) for n in _names(root) if (m := _BATCH_DIR.match(n)))
+    for batch in (b for b in batches if b >= floor_of(root)):
+        folder = root / f"b{batch:08d}"
+        for name in sorted(_names(folder)):
+            if name.endswith(".claim"):
+                claim = read_json(folder / name, default=None) or {"worker": "?"}
+                held.setdefault(claim["worker"], []).append(f"b{batch:08d}/{name[:-6]}")
+    return held
 
 
 def _names(folder: Path) -> list[str]:
@@ -228,9 +236,9 @@ def _names(folder: Path) -> list[str]:
 
 
 # --- heartbeats ------------------------------------------------------------------------------
-def worker_name(rank: int) -> str:
-    """A worker of the run's own rollout component: ``r<rank>``."""
-    return f"r{rank}"
+def worker_name(rank: int, pool: str | None = None) -> str:
+    """``r<rank>`` in the run's own rollout step, ``<pool>.<rank>`` in an extra pool."""
+    return f"r{rank}" if pool is None else f"{pool}.{rank}"
 
 
 def heartbeat_path(root: Path, worker: str) -> Path:

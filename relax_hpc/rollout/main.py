@@ -176,6 +176,11 @@ def build_receiver(
 ) -> WeightReceiver:
     """Buckets through this process (any engine), or straight into SGLang's update group."""
     engine_id = f"rollout-{identity.rank}"
+    # The run's own workers wait for the trainer of their job start; an extra pool serves
+    # whichever start is running (a stale endpoint refuses the connection: it retries).
+    attempt = identity.attempt
+    if identity.pool is not None:
+        engine_id, attempt = f"rollout-{worker_name(identity.rank, identity.pool)}", ""
     if cfg.weightsync.transport == "sglang_distributed":
         return PerTensorReceiver(
             paths,
@@ -183,10 +188,10 @@ def build_receiver(
             cfg.weightsync,
             SGLangDistributedTarget(engine),
             initial_policy_version=loaded,
-            attempt=identity.attempt,
+            attempt=attempt,
         )
     return WeightReceiver(
-        paths, engine_id, cfg.weightsync, initial_policy_version=loaded, attempt=identity.attempt
+        paths, engine_id, cfg.weightsync, initial_policy_version=loaded, attempt=attempt
     )
 
 
@@ -301,9 +306,12 @@ def run_rollout(cfg: RunConfig, paths: RunPaths, identity: TaskIdentity) -> int:
     device = engine_device(cfg, identity)
     stop = StopFlag(cancel_request=None).install()
     trainer_done = paths.trainer_done
+    name = worker_name(identity.rank, identity.pool)
+    drains = [paths.drain_request(n) for n in (name, identity.pool) if n is not None]
 
     def should_stop() -> bool:
-        return stop.local_request() or trainer_done.exists()
+        drained = any(path.exists() for path in drains)
+        return stop.local_request() or trainer_done.exists() or drained
 
     engine, tokenizer = build_engine(cfg, device)
     load, loaded_version = engine_loader(engine, paths)
@@ -316,21 +324,19 @@ def run_rollout(cfg: RunConfig, paths: RunPaths, identity: TaskIdentity) -> int:
     if not weights.join(should_stop):
         close_rollout_parts(episodes, score, eval_score)
         return 0
-    leader = identity.rank == 0
-    metrics = MetricsLogger(
-        paths.rollout_tensorboard_dir(identity.rank),
-        paths.rollout_status(identity.rank),
-    )
+    leader = identity.rank == 0 and identity.pool is None  # an extra pool never evaluates
+    files = identity.rank if identity.pool is None else name
+    metrics = MetricsLogger(paths.rollout_tensorboard_dir(files), paths.rollout_status(files))
     assignment = GroupAssignment(
         paths.rollout_assignment_dir,
-        worker_name(identity.rank),
+        name,
         cfg.rollout.prompts_per_step,
         groups_per_chunk=-(-cfg.rollout.prompts_per_step // identity.world_size),
         lease_s=cfg.rollout.claim_lease_s,
     )
     heartbeat = WorkerHeartbeat(
         paths.rollout_assignment_dir,
-        worker_name(identity.rank),
+        name,
         interval_s=cfg.rollout.claim_lease_s / 4,
         details=lambda: {"policy_version": engine.policy_version},
     ).start()
@@ -352,7 +358,7 @@ def run_rollout(cfg: RunConfig, paths: RunPaths, identity: TaskIdentity) -> int:
         score=score,
         writer=ShardWriter(
             paths.spool_dir,
-            f"rollout.r{identity.rank}",
+            f"rollout.{name}",
             cfg.spool.shard_max_samples,
             on_published=receiver.nudge_trainer,
         ),

@@ -120,6 +120,8 @@ def run_trainer(cfg: RunConfig, paths: RunPaths, identity: TaskIdentity) -> int:
         backend.export(paths.export_dir, tokenizer, is_writer=leader)  # collective
         if leader:
             _finish(paths, trainer)
+    elif exit_code == exitcodes.STOPPED and leader:
+        _write_audit(paths, trainer)  # what the stop's checkpoint holds, for the tests
     metrics.close()
     if sender is not None:
         sender.close()
@@ -166,9 +168,13 @@ def _finish(paths: RunPaths, trainer: Trainer) -> None:
         "history_head": trainer.progress.history[:HISTORY_SUMMARY_STEPS],
         "history_tail": trainer.progress.history[-HISTORY_SUMMARY_STEPS:],
     }
+    _write_audit(paths, trainer)
+    atomic_write_json(paths.trainer_done, summary)
+
+
+def _write_audit(paths: RunPaths, trainer: Trainer) -> None:
     if trainer.progress.sample_ids:
         atomic_write_json(paths.consumed_sample_ids, trainer.progress.sample_ids)
-    atomic_write_json(paths.trainer_done, summary)
 
 
 def _barrier(identity: TaskIdentity):

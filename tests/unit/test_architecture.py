@@ -67,6 +67,7 @@ def test_only_entry_points_import_launch_and_submit():
                     "relax_hpc/submit.py",
                     "relax_hpc/status.py",
                     "relax_hpc/cancel.py",
+                    "relax_hpc/scale.py",
                 )
             )
         ]
