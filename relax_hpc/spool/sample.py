@@ -14,6 +14,8 @@ from typing import Any
 
 import numpy as np
 
+from relax_hpc.media.payload import MediaPayload
+
 Group = list["Sample"]
 
 
@@ -50,6 +52,9 @@ class Sample:
     timings_s: dict[str, float] = field(default_factory=dict)  # e.g. {"generate": 1.2}
     images: list[np.ndarray] = field(default_factory=list)  # uint8 (H, W) or (H, W, C)
     audio: list[AudioClip] = field(default_factory=list)
+    # The prompt's images/audio as the processor fitted them (media/payload.py): one object
+    # shared by every sample of a group, stored once per group in the shard. None: text only.
+    media: MediaPayload | None = None
     metadata: dict[str, Any] = field(default_factory=dict)  # small, JSON-able
 
     @property
