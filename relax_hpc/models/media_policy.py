@@ -1,0 +1,102 @@
+"""The policy of a run whose model reads images (``model.modality`` not ``text``): the model
+and its ``MediaProcessor``, built the same way by the trainer and by the rollout, so the two
+processes agree on names, shapes, initial weights and media inputs.
+
+Two sources, as for text models (``models.build``): a local Hugging Face folder
+(``model.path``: its saved class and processor files), or a tiny built-in model of
+``model.architecture`` from config (``models.multimodal``: ``TINY_ARCH`` deep-merged with
+``model.arch``, the offline tokenizer and processor), warm-started on a media task when
+``model.warm_start`` (``models.media_warmstart``, cached). ``model.tokenizer`` is not read:
+the tokenizer is the processor's.
+
+Must not: download anything, or know about training, rollout or the run directory.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+import transformers
+from transformers import PreTrainedModel
+
+from relax_hpc.config.errors import ConfigError
+from relax_hpc.config.schema import ModelConfig
+from relax_hpc.media.processor import MediaProcessor
+from relax_hpc.models.media_warmstart import MediaWarmStartConfig, media_warm_start
+from relax_hpc.models.multimodal import ARCHITECTURES, build_tiny_media_model, load_media_model
+from relax_hpc.models.warmstart import default_cache_dir
+
+DEFAULT_WARM_START_TASK = "shapes"  # data/media_tasks.py: what a tiny VL model warm-starts on
+
+
+def is_media_model(model_cfg: ModelConfig) -> bool:
+    """Whether the policy takes media (and so is built here, not by ``models.build``)."""
+    return model_cfg.modality != "text"
+
+
+def media_family(architecture: str) -> str:
+    """The tiny-model family (``models.multimodal.ARCHITECTURES``) of ``model.architecture``."""
+    for family, name in ARCHITECTURES.items():
+        if name == architecture:
+            return family
+    raise ConfigError(
+        "model.architecture",
+        f"{architecture!r} has no built-in media model; use one of "
+        f"{', '.join(ARCHITECTURES.values())}, or set model.path to a local folder",
+    )
+
+
+def build_media_policy(
+    model_cfg: ModelConfig,
+    dtype: torch.dtype = torch.float32,
+    seed: int = 0,
+    *,
+    warm_start_task: str = DEFAULT_WARM_START_TASK,
+    split_seed: int = 0,
+    cache_dir: str | Path | None = None,
+    warm_start_recipe: MediaWarmStartConfig | None = None,
+) -> tuple[PreTrainedModel, MediaProcessor]:
+    """``(model, processor)`` of ``model_cfg``: eval mode, on the CPU, in ``dtype``.
+
+    From ``model.path`` when set; else the built-in tiny model drawn from ``seed``, or with
+    ``model.warm_start`` its cached warm start on ``warm_start_task`` (the run's media task,
+    ``split_seed`` its train/eval split) under ``cache_dir`` (default
+    ``$RELAX_HPC_CACHE_DIR``). The caller moves the model and sets train mode.
+    """
+    if model_cfg.path is not None:
+        return load_media_policy(model_cfg.path, dtype)
+    family = media_family(model_cfg.architecture)
+    if model_cfg.warm_start:
+        folder = media_warm_start(
+            family,
+            warm_start_task,
+            Path(cache_dir) if cache_dir is not None else default_cache_dir(),
+            warm_start_recipe,
+            arch=model_cfg.arch,
+            split_seed=split_seed,
+        )
+        return load_media_model(folder, dtype)
+    model, processor = build_tiny_media_model(family, model_cfg.arch, seed=seed)
+    return model.to(dtype).eval(), processor
+
+
+def load_media_policy(
+    path: str | Path, dtype: torch.dtype, field: str = "model.path"
+) -> tuple[PreTrainedModel, MediaProcessor]:
+    """The model and processor of a local folder; ``ConfigError`` naming ``field`` when
+    they cannot be loaded."""
+    if not Path(path).expanduser().is_dir():
+        raise ConfigError(field, f"{path} is not a local folder; fix the path")
+    try:
+        return load_media_model(Path(path).expanduser(), dtype)
+    except torch.OutOfMemoryError:
+        raise  # a resource problem, not the folder's
+    except Exception as err:  # no config/processor files, missing weights, an unknown class
+        text = str(err).strip().splitlines()
+        raise ConfigError(
+            field,
+            f"{path} cannot be loaded as a media model by transformers "
+            f"{transformers.__version__} ({type(err).__name__}: {text[0] if text else ''}); "
+            "it needs config.json, the weights, the tokenizer and preprocessor_config.json",
+        ) from None

@@ -1,0 +1,80 @@
+"""The one builder of a media policy (trainer and rollout): from config, warm start, folder."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from relax_hpc.config.errors import ConfigError
+from relax_hpc.config.schema import ModelConfig
+from relax_hpc.models.media_policy import build_media_policy, is_media_model
+from relax_hpc.models.media_warmstart import MediaWarmStartConfig
+from relax_hpc.models.multimodal import save_media_model, tiny_processor
+
+VL = "Qwen3VLForConditionalGeneration"
+
+
+def vl_config(**overrides) -> ModelConfig:
+    fields = {"name": "tiny_vl", "architecture": VL, "modality": "vision", **overrides}
+    return ModelConfig(**fields)
+
+
+def same_weights(a: torch.nn.Module, b: torch.nn.Module) -> bool:
+    sa, sb = a.state_dict(), b.state_dict()
+    return sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sa)
+
+
+def test_built_in_model_merges_arch_and_is_the_same_in_both_roles():
+    cfg = vl_config(arch={"text_config": {"num_hidden_layers": 1}})
+    model, processor = build_media_policy(cfg, seed=3)
+    assert type(model).__name__ == VL and not model.training
+    assert model.config.text_config.num_hidden_layers == 1
+    assert model.config.text_config.hidden_size == 64  # the rest of TINY_ARCH kept
+    assert processor.fingerprint == tiny_processor("qwen3_vl").fingerprint
+    assert model.config.image_token_id == processor.tokenizer.convert_tokens_to_ids(
+        processor.markup.image_pad
+    )
+    again, _ = build_media_policy(cfg, seed=3)  # what the other role builds
+    assert same_weights(model, again)
+    assert not same_weights(model, build_media_policy(cfg, seed=4)[0])
+    assert is_media_model(cfg) and not is_media_model(ModelConfig(name="text"))
+
+
+def test_bfloat16_is_honoured():
+    model, _ = build_media_policy(vl_config(), dtype=torch.bfloat16)
+    assert {p.dtype for p in model.parameters()} == {torch.bfloat16}
+
+
+def test_warm_start_is_cached_and_loaded_from_the_cache(tmp_path):
+    recipe = MediaWarmStartConfig(steps=2, batch_size=4, warmup_steps=1)
+    cfg = vl_config(warm_start=True)
+    model, processor = build_media_policy(cfg, cache_dir=tmp_path, warm_start_recipe=recipe)
+    (folder,) = tmp_path.iterdir()
+    assert json.loads((folder / "warmstart.json").read_text())["inputs"]["task"] == "shapes"
+    assert type(model).__name__ == VL
+    fresh, _ = build_media_policy(vl_config(), seed=recipe.seed)
+    assert not same_weights(model, fresh)  # trained
+    again, _ = build_media_policy(cfg, cache_dir=tmp_path, warm_start_recipe=recipe)
+    assert same_weights(model, again) and len(list(tmp_path.iterdir())) == 1
+    assert processor.fingerprint == tiny_processor("qwen3_vl").fingerprint
+
+
+def test_a_folder_loads_as_its_class_with_its_processor(tmp_path):
+    built, processor = build_media_policy(vl_config(), seed=1)
+    save_media_model(tmp_path / "vl", built, processor)
+    model, loaded = build_media_policy(vl_config(path=str(tmp_path / "vl")))
+    assert type(model) is type(built) and same_weights(model, built)
+    assert loaded.fingerprint == processor.fingerprint
+
+
+def test_bad_sources_name_the_field_and_the_fix(tmp_path):
+    with pytest.raises(ConfigError, match="model.architecture.*Qwen3VLForConditionalGeneration"):
+        build_media_policy(vl_config(architecture="Qwen3ForCausalLM"))
+    with pytest.raises(ConfigError, match="model.path.*not a local folder"):
+        build_media_policy(vl_config(path=str(tmp_path / "missing")))
+    built, processor = build_media_policy(vl_config())
+    built.save_pretrained(tmp_path / "no_processor")  # weights and config, no processor files
+    with pytest.raises(ConfigError, match="model.path.*preprocessor_config.json"):
+        build_media_policy(vl_config(path=str(tmp_path / "no_processor")))
