@@ -33,7 +33,8 @@ ROLLOUT_BACKENDS = ("transformers", "sglang")
 JUDGE_PLACEMENTS = ("rollout", "component")
 JUDGE_WARM_STARTS = ("none", "addition_verifier")
 JUDGE_VERDICTS = ("yes_no", "score", "letter")
-DATA_KINDS = ("jsonl", "parquet", "synthetic_addition", "guess_number")
+MEDIA_TASKS = ("shapes", "pitch")  # relax_hpc/data/media_tasks.py
+DATA_KINDS = ("jsonl", "parquet", "synthetic_addition", "guess_number", "media_task")
 CLUSTER_KINDS = ("local", "slurm", "auto")
 RESUME_CHOICES = ("auto", "never")
 # model.tokenizer values built in code (relax_hpc/models/tokenizer.py), not read from a folder
@@ -198,6 +199,19 @@ class DataConfig:
     eval_size: int = 256
     digits: int = 2  # synthetic_addition: operand digits
     guess_range: list[int] = field(default_factory=lambda: [1, 20])  # guess_number: low, high
+    media_task: str = "shapes"  # media_task: shapes (count shapes in an image) | pitch (audio)
+    # Media of a vision/audio model's rows (relax_hpc/data/media_prompts.py). The image
+    # column when data.schema names none (geo3k's is its own: images); each item encoded
+    # bytes, {bytes, path} or a path relative to the data file, one or a list per row.
+    image_key: str = "images"
+    audio_key: str = "audio"
+    # Per item, checked before decoding; a row over a limit is skipped and counted.
+    max_media_bytes: int = 64 * 2**20
+    max_image_pixels: int = 40_000_000  # width x height of a source image
+    max_audio_s: float = 30.0
+    # The control run: every image replaced by a uniform grey image of the same size (every
+    # clip by silence), prompts and answers unchanged: what a model learns without seeing.
+    blank_media: bool = False
 
 
 @dataclass

@@ -17,6 +17,7 @@ from relax_hpc.config.schema import (
     CLUSTER_KINDS,
     DATA_KINDS,
     DTYPES,
+    MEDIA_TASKS,
     MEGATRON_CHECKPOINT_FORMATS,
     MODALITIES,
     MODES,
@@ -349,6 +350,7 @@ def _check_cluster(cfg: RunConfig) -> None:
 def _check_data(cfg: RunConfig) -> None:
     if cfg.data.kind in ("jsonl", "parquet") and not cfg.data.path:
         raise ConfigError("data.path", f"data.kind={cfg.data.kind} needs a path to the prompts")
+    _check_media_data(cfg)
     if cfg.model.path is None and not cfg.model.arch:
         raise ConfigError(
             "model.path", "set a local Hugging Face folder, or model.arch to build from a config"
@@ -357,6 +359,36 @@ def _check_data(cfg: RunConfig) -> None:
         raise ConfigError(
             "model.tokenizer", "a model built from model.arch needs tokenizer=char or a folder"
         )
+
+
+def _check_media_data(cfg: RunConfig) -> None:
+    data = cfg.data
+    for name in ("max_media_bytes", "max_image_pixels", "max_audio_s"):
+        if not getattr(data, name) > 0:
+            raise ConfigError(
+                f"data.{name}", f"must be > 0 (a limit per media item), got {getattr(data, name)}"
+            )
+    text_only = cfg.model.modality == "text"
+    if data.blank_media and text_only:
+        raise ConfigError(
+            "data.blank_media",
+            "blanks the images of a vision model's prompts, but model.modality=text reads no "
+            "media; set model.modality (and a vision model) or data.blank_media=false",
+        )
+    if data.kind == "media_task":
+        _choice("data.media_task", data.media_task, MEDIA_TASKS)
+        if text_only:
+            raise ConfigError(
+                "data.kind",
+                f"media_task ({data.media_task}) prompts hold media, but model.modality=text; "
+                "use a vision (shapes) or audio (pitch) model",
+            )
+        if data.eval_size < 4 or data.eval_size % 4:
+            raise ConfigError(
+                "data.eval_size",
+                f"media_task needs a positive multiple of 4 (balanced classes), "
+                f"got {data.eval_size}",
+            )
 
 
 def check_paths_exist(cfg: RunConfig) -> None:

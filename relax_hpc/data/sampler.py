@@ -5,6 +5,11 @@ index order without shuffling). The whole state is ``(seed, epoch, position)``: 
 restored from ``state_dict()`` continues with exactly the prompts the original would have
 drawn next. Permutations are recomputed from the seed, never stored.
 
+A dataset may answer None for a row it skipped (an unusable image, ``data.media_prompts``):
+the sampler draws the next position instead (the stream stays a pure function of the
+state; the rollout loop, which addresses group ``g`` as position ``g``, then gives that group
+the next position's prompt) and counts the row in ``skipped_indices``.
+
 Must not: tokenize, score or batch; it only decides which index comes next.
 """
 
@@ -36,6 +41,7 @@ class PromptSampler(Generic[Record]):
         self.epoch = 0
         self.position = 0  # prompts of the current epoch already drawn
         self._order: list[int] | None = None  # the current epoch's permutation, cached
+        self.skipped_indices: set[int] = set()  # rows the dataset answered None for
 
     @property
     def num_consumed(self) -> int:
@@ -46,11 +52,19 @@ class PromptSampler(Generic[Record]):
         return self
 
     def __next__(self) -> tuple[int, Record]:
-        if self.position == len(self.dataset):
-            self.epoch, self.position, self._order = self.epoch + 1, 0, None
-        index = self._epoch_order()[self.position]
-        self.position += 1
-        return index, self.dataset[index]
+        for _ in range(len(self.dataset)):
+            if self.position == len(self.dataset):
+                self.epoch, self.position, self._order = self.epoch + 1, 0, None
+            index = self._epoch_order()[self.position]
+            self.position += 1
+            record = self.dataset[index]
+            if record is not None:
+                return index, record
+            self.skipped_indices.add(index)
+        raise ValueError(
+            f"every one of the {len(self.dataset)} prompts tried was skipped (see the log "
+            "for why each row was); fix the dataset's media"
+        )
 
     def take(self, num_prompts: int) -> list[tuple[int, Record]]:
         """The next ``num_prompts`` draws (one step's prompts)."""

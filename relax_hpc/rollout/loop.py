@@ -149,6 +149,8 @@ class RolloutWorker:
                 "rollout/policy_version": float(self.engine.policy_version),
                 "throughput/samples_per_s": len(samples) / seconds if seconds else 0.0,
                 "throughput/tokens_per_s": float(lengths.sum()) / seconds if seconds else 0.0,
+                # rows this worker skipped for unusable media (logged with each row)
+                "data/train_rows_skipped": float(len(self.sampler.skipped_indices)),
                 **self.reward_metrics(),
                 **(self.episodes.metrics() if self.episodes is not None else {}),
             }

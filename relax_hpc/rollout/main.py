@@ -269,8 +269,11 @@ def make_evaluator(
     episodes: EpisodeRollout | None = None,
 ):
     """Greedy held-out eval: single completions scored by ``score``, or whole episodes."""
-    records = build_dataset(cfg.data, tokenizer, split="eval")
-    records = [records[i] for i in range(min(len(records), cfg.data.eval_size))]
+    dataset = build_dataset(cfg.data, tokenizer, split="eval")
+    # Rows skipped for their media (logged by the dataset) are left out and counted.
+    read = [dataset[i] for i in range(min(len(dataset), cfg.data.eval_size))]
+    records = [r for r in read if r is not None]
+    skipped = {"data/eval_rows_skipped": float(len(read) - len(records))}
     params = SamplingParams(
         max_new_tokens=cfg.rollout.max_new_tokens, stop=tuple(cfg.rollout.stop), greedy=True
     )
@@ -285,7 +288,7 @@ def make_evaluator(
         return {"eval/accuracy": sum(value > 0.5 for value, _ in scores) / max(len(records), 1)}
 
     def evaluate(policy_version: int) -> dict[str, float]:
-        results = measure()
+        results = {**measure(), **skipped}
         accuracy = results["eval/accuracy"]
         history.append(
             {"policy_version": policy_version, "accuracy": accuracy, "time": time.time()}
