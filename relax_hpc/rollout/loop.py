@@ -74,6 +74,7 @@ class RolloutWorker:
         self.timer = PhaseTimer()
         self.batch_index = 0  # the batch of the chunk in hand
         self.last_eval_version = -1
+        self.shard_bytes = 0  # file bytes of the last chunk's shards
 
     def run(self) -> int:
         while not self.should_stop():
@@ -131,8 +132,10 @@ class RolloutWorker:
         ]
 
     def write_shard(self, groups: list[list[Sample]], chunk: Chunk) -> None:
+        self.shard_bytes = 0
         if groups:
             self.writer.publish(groups)
+            self.shard_bytes = self.writer.last_num_bytes
         self.assignment.complete(chunk)
         self.batch_index = chunk.batch + 1  # batches this worker has reached, for the log
 
@@ -149,6 +152,8 @@ class RolloutWorker:
                 "rollout/policy_version": float(self.engine.policy_version),
                 "throughput/samples_per_s": len(samples) / seconds if seconds else 0.0,
                 "throughput/tokens_per_s": float(lengths.sum()) / seconds if seconds else 0.0,
+                # file bytes of this chunk's shards (a group's images are in it once)
+                "spool/shard_bytes": float(self.shard_bytes),
                 # rows this worker skipped for unusable media (logged with each row)
                 "data/train_rows_skipped": float(len(self.sampler.skipped_indices)),
                 **self.reward_metrics(),

@@ -159,6 +159,9 @@ def _sample_lines(sample: Sample, decode: Callable[[np.ndarray], str] | None) ->
         lines.append(f"    images: {[tuple(i.shape) for i in sample.images]}")
     if sample.audio:
         lines.append(f"    audio: {[(c.waveform.shape, c.sample_rate_hz) for c in sample.audio]}")
+    if sample.media is not None:
+        images = [tuple(i.shape) for i in sample.media.images]
+        lines.append(f"    group media: images {images}, clips {len(sample.media.audio)}")
     if sample.metadata:
         lines.append(f"    metadata: {sample.metadata}")
     if decode is not None:
@@ -169,7 +172,11 @@ def _sample_lines(sample: Sample, decode: Callable[[np.ndarray], str] | None) ->
 
 def inspect_lines(path: Path, limit: int, decode: Callable[[np.ndarray], str] | None) -> list[str]:
     header, groups = read_shard(path)
-    lines = [f"{path}", f"  {header}"]
+    lines = [f"{path}", f"  {header}", f"  file bytes: {path.stat().st_size}"]
+    payloads = [g[0].media for g in groups if g[0].media is not None]
+    if payloads:
+        media_bytes = sum(p.num_bytes for p in payloads)
+        lines.append(f"  group media: {len(payloads)} groups, {media_bytes} bytes (once per group)")
     samples = [s for group in groups for s in group]
     for sample in samples[:limit]:
         lines += _sample_lines(sample, decode)

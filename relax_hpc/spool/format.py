@@ -19,6 +19,26 @@ Layout (schema version 2). File attributes: ``schema`` (= ``SCHEMA_NAME``),
                                 concatenated shapes, and which arrays belong to which sample
     audio/... (same five) + audio/sample_rate_hz   float32 waveforms and int64 rates
                                 (``images``/``audio`` only when some sample has them)
+    media/...                   the prompt's fitted media (``Sample.media``), ONCE PER GROUP
+                                (every sample of a group shares one ``MediaPayload``); only
+                                when some group has media, see ``media_columns`` below
+
+Group media (``MediaPayload.to_arrays`` of each of the M groups that have one, concatenated):
+
+    media/groups                int64 (M,)    index of each such group, increasing
+    media/meta                  uint8         utf-8 JSON array of M ``{sampling_rate_hz,
+                                              fingerprint}``
+    media/image/values          uint8         every image's (H, W, 3) pixels, flat
+    media/image/shapes          int64 (3I,)   (H, W, 3) of each image
+    media/image/offsets         int64 (M+1,)  images of media group m: [offsets[m], offsets[m+1])
+    media/audio/values          float32       every clip, flat
+    media/audio/lengths         int64 (C,)    samples of each clip
+    media/audio/offsets         int64 (M+1,)  clips of media group m
+
+The reader builds one ``MediaPayload`` per group and gives it to every sample of the group
+(shared, as written). Shards without media (text) have no ``media/`` datasets, as before
+this layout: the schema version is unchanged (a reader of version 2 without media support
+finds datasets it did not decode and refuses the shard as corrupt; it never misreads one).
 
 Integrity: ``checksums`` is a JSON object mapping every dataset's name to the zlib CRC-32
 of its bytes, and ``header`` to the CRC-32 of the header attributes (canonical JSON). The
@@ -55,6 +75,7 @@ from typing import Any
 import h5py
 import numpy as np
 
+from relax_hpc.media.payload import MediaPayload
 from relax_hpc.spool.errors import ShardCorruptError, ShardVersionError
 from relax_hpc.spool.sample import AudioClip, Group, Sample
 
@@ -150,6 +171,11 @@ def _check_group(group: Sequence[Sample], index: int) -> None:
             )
         if s.policy_version < 0:
             raise ValueError(f"sample {s.sample_id!r}: policy_version must be >= 0")
+    if any(s.media is not group[0].media for s in group):
+        raise ValueError(
+            f"group {index} ({group[0].group_id!r}): its samples carry different media "
+            "objects; a group's samples share one MediaPayload (the prompt's), stored once"
+        )
 
 
 def _write_samples(h5: _ChecksummedDatasets, samples: list[Sample]) -> None:
@@ -170,6 +196,24 @@ def _write_samples(h5: _ChecksummedDatasets, samples: list[Sample]) -> None:
         _put_array_list(h5, "audio", [[c.waveform for c in s.audio] for s in samples], np.float32)
         rates = [c.sample_rate_hz for s in samples for c in s.audio]
         h5["audio/sample_rate_hz"] = np.asarray(rates, dtype=np.int64)
+
+
+def _write_group_media(h5: _ChecksummedDatasets, groups: Sequence[Sequence[Sample]]) -> None:
+    """The ``media/`` datasets: each group's payload once (see the module docstring)."""
+    indices = [g for g, group in enumerate(groups) if group[0].media is not None]
+    if not indices:
+        return
+    stored = [groups[g][0].media.to_arrays() for g in indices]
+    h5["media/groups"] = np.asarray(indices, dtype=np.int64)
+    metas = json.dumps([meta for _, meta in stored], sort_keys=True).encode("utf-8")
+    h5["media/meta"] = np.frombuffer(metas, dtype=np.uint8)
+    arrays = [a for a, _ in stored]
+    h5["media/image/values"] = _concat([a["image/values"] for a in arrays], np.uint8)
+    h5["media/image/shapes"] = _concat([a["image/shapes"] for a in arrays], np.int64)
+    h5["media/image/offsets"] = _offsets([len(a["image/shapes"]) for a in arrays])
+    h5["media/audio/values"] = _concat([a["audio/values"] for a in arrays], np.float32)
+    h5["media/audio/lengths"] = _concat([a["audio/lengths"] for a in arrays], np.int64)
+    h5["media/audio/offsets"] = _offsets([len(a["audio/lengths"]) for a in arrays])
 
 
 def write_shard_file(
@@ -201,6 +245,7 @@ def write_shard_file(
         datasets = _ChecksummedDatasets(h5)
         datasets["groups/offsets"] = _offsets([len(g) for g in groups])
         _write_samples(datasets, samples)
+        _write_group_media(datasets, groups)
         checksums = {**datasets.checksums, HEADER_CHECKSUM_KEY: _header_checksum(header)}
         h5.attrs[CHECKSUMS_ATTR] = json.dumps(checksums, sort_keys=True)
     return header
@@ -298,6 +343,62 @@ class _Columns:
         return [arrays[a:b] for a, b in bounds]
 
 
+def _read_group_media(cols: _Columns, h5: h5py.File, num_groups: int) -> dict[int, MediaPayload]:
+    """Group index -> its shared ``MediaPayload`` (empty without ``media/`` datasets)."""
+    if "media" not in h5:
+        return {}
+    indices = cols.array("media/groups", np.int64).tolist()
+    if indices != sorted(set(indices)) or not all(0 <= g < num_groups for g in indices):
+        raise ShardCorruptError(f"media/groups {indices} are not increasing group indices")
+    metas = _json_list(cols.array("media/meta", np.uint8), "media/meta", len(indices))
+    image_values = cols.array("media/image/values", np.uint8)
+    shapes = cols.array("media/image/shapes", np.int64)
+    if len(shapes) % 3 or np.any(shapes[2::3] != 3) or np.any(shapes < 1):
+        raise ShardCorruptError("media/image/shapes are not (H, W, 3) triples")
+    shapes = shapes.reshape(-1, 3)
+    image_offsets = cols.offsets("media/image/offsets", len(shapes), len(indices) + 1)
+    pixel_offsets = _offsets(np.prod(shapes, axis=1).tolist())
+    if pixel_offsets[-1] != len(image_values):
+        raise ShardCorruptError("media/image/values do not match media/image/shapes")
+    audio_values = cols.array("media/audio/values", np.float32)
+    lengths = cols.array("media/audio/lengths", np.int64)
+    clip_offsets = cols.offsets("media/audio/offsets", len(lengths), len(indices) + 1)
+    sample_offsets = _offsets(lengths.tolist())
+    if sample_offsets[-1] != len(audio_values) or np.any(lengths < 0):
+        raise ShardCorruptError("media/audio/values do not match media/audio/lengths")
+    payloads = {}
+    for m, group in enumerate(indices):
+        i0, i1 = int(image_offsets[m]), int(image_offsets[m + 1])
+        c0, c1 = int(clip_offsets[m]), int(clip_offsets[m + 1])
+        arrays = {
+            "image/values": image_values[pixel_offsets[i0] : pixel_offsets[i1]],
+            "image/shapes": shapes[i0:i1],
+            "audio/values": audio_values[sample_offsets[c0] : sample_offsets[c1]],
+            "audio/lengths": lengths[c0:c1],
+        }
+        payloads[group] = _payload(arrays, metas[m])
+    return payloads
+
+
+def _payload(arrays: dict[str, np.ndarray], meta: Any) -> MediaPayload:
+    if not isinstance(meta, dict) or not {"sampling_rate_hz", "fingerprint"} <= set(meta):
+        raise ShardCorruptError(f"media/meta entry {meta!r} lacks sampling_rate_hz/fingerprint")
+    payload = MediaPayload.from_arrays(arrays, meta)
+    for array in (*payload.images, *payload.audio):
+        array.flags.writeable = False  # shared by a group's samples: nobody writes into it
+    return payload
+
+
+def _json_list(blob: np.ndarray, name: str, length: int) -> list[Any]:
+    try:
+        values = json.loads(blob.tobytes().decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise ShardCorruptError(f"{name!r} is not utf-8 JSON: {error}") from None
+    if not isinstance(values, list) or len(values) != length:
+        raise ShardCorruptError(f"{name!r} is not a list of {length} values")
+    return values
+
+
 def _header(h5: h5py.File, source: str) -> ShardHeader:
     attrs = h5.attrs
     if attrs.get("schema") != SCHEMA_NAME:
@@ -356,6 +457,7 @@ def _read_groups(h5: h5py.File, header: ShardHeader) -> list[Group]:
     waveforms = cols.array_lists("audio", np.float32)
     num_clips = sum(len(w) for w in waveforms)
     rates = cols.array("audio/sample_rate_hz", np.int64, num_clips).tolist() if num_clips else []
+    media = _read_group_media(cols, h5, header.num_groups)
     cols.check_all_read()  # before any sample is built: a shard is never half-trusted
     rate_iter = iter(rates)
     samples = [
@@ -371,7 +473,11 @@ def _read_groups(h5: h5py.File, header: ShardHeader) -> list[Group]:
         )
         for i in range(n)
     ]
-    return [samples[a:b] for a, b in itertools.pairwise(group_offsets.tolist())]
+    groups = [samples[a:b] for a, b in itertools.pairwise(group_offsets.tolist())]
+    for index, payload in media.items():
+        for sample in groups[index]:
+            sample.media = payload  # one object per group, as the writer had it
+    return groups
 
 
 def _check_decoded(groups: list[Group], header: ShardHeader) -> None:

@@ -90,15 +90,17 @@ class ShardWriter:
         self._host = socket.gethostname()
         self._stats = self._load_stats()
         self._status_written_s = -_STATUS_INTERVAL_S
+        self.last_num_bytes = 0  # file bytes of the shards of the last ``publish`` call
         clean_abandoned_tmp(self._layout, tmp_max_age_s)
 
     def publish(self, groups: Sequence[Sequence[Sample]]) -> list[Path]:
         """Publish whole groups as one or more shards, in order; the paths in ``ready/``."""
         shards = split_into_shards(groups, self._shard_max_samples)
         published = [self._publish_shard(shard) for shard in shards]
+        self.last_num_bytes = sum(num_bytes for _, num_bytes in published)
         if published:
             self._on_published()
-            self._save_stats(shards, sum(num_bytes for _, num_bytes in published))
+            self._save_stats(shards, self.last_num_bytes)
         return [path for path, _ in published]
 
     def _publish_shard(self, groups: list) -> tuple[Path, int]:
