@@ -18,10 +18,12 @@ as a traceback.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import logging
 import re
 import sys
+import time
 
 from relax_hpc import exitcodes
 from relax_hpc.paths import RunPaths, atomic_write_json
@@ -81,25 +83,54 @@ def import_error(paths: RunPaths, role: str, err: ImportError) -> int:
     )
 
 
+def record_task_error(paths: RunPaths, role: str, identity: TaskIdentity, err: Exception) -> None:
+    """What ended this task, for the launcher's same-error-twice rule (``launch/outcome.py``)."""
+    lines = str(err).strip().splitlines()
+    error = f"{type(err).__name__}: {lines[0] if lines else ''}".rstrip(": ")[:500]
+    record = {
+        "role": role,
+        "rank": identity.rank,
+        "restart": identity.restart_count,
+        "time": time.time(),
+        "error": error,
+    }
+    try:
+        atomic_write_json(paths.task_error(role, identity.rank), record)
+    except OSError as write_err:
+        print(f"relax_hpc: could not record the error: {write_err}", file=sys.stderr)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     identity = dataclasses.replace(TaskIdentity.from_environ(), pool=args.pool)
     stop_when_orphaned()
     configure_logging(args.role, identity)
     paths = RunPaths(args.run_dir)
+    if identity.pool is not None:  # an extra pool's worker: its own supervisor restarts it
+        return start_and_run(args.role, paths, identity)
+    with contextlib.suppress(OSError):  # an earlier start's record
+        paths.task_error(args.role, identity.rank).unlink(missing_ok=True)
+    try:
+        return start_and_run(args.role, paths, identity)
+    except Exception as err:  # a crash: recorded, then the traceback as always
+        record_task_error(paths, args.role, identity, err)
+        raise
+
+
+def start_and_run(role: str, paths: RunPaths, identity: TaskIdentity) -> int:
     try:
         from relax_hpc.config import ConfigError
     except ImportError as err:
-        return import_error(paths, args.role, err)
+        return import_error(paths, role, err)
     try:
-        cfg, run_role = prepare_start(args.role, paths)
+        cfg, run_role = prepare_start(role, paths)
     except ImportError as err:  # a library the role needs, imported while it starts
-        return import_error(paths, args.role, err)
+        return import_error(paths, role, err)
     except ConfigError as err:
-        return config_error(paths, args.role, err.field, err.message)
+        return config_error(paths, role, err.field, err.message)
     log.info(
         "%s rank %d/%d of job attempt %s (%s)",
-        args.role,
+        role,
         identity.rank,
         identity.world_size,
         identity.attempt,
@@ -108,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return run_role(cfg, paths, identity)
     except ConfigError as err:  # found only at run time: a model folder, a checkpoint's layout
-        return config_error(paths, args.role, err.field, err.message)
+        return config_error(paths, role, err.field, err.message)
 
 
 def prepare_start(role: str, paths: RunPaths):

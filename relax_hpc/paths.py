@@ -366,6 +366,20 @@ class RunPaths:
         """Written by a component that exits with a configuration error: no restart helps."""
         return self.root / CONFIG_ERROR_NAME
 
+    @property
+    def task_errors_dir(self) -> Path:
+        """What ended each task of the latest start (``component.record_task_error``)."""
+        return self.status_dir / "errors"
+
+    def task_error(self, role: str, rank: int | str) -> Path:
+        """The error that ended task ``rank`` of ``role``; the task removes it when it starts."""
+        return self.task_errors_dir / f"{role}-{rank}.json"
+
+    @property
+    def start_failure(self) -> Path:
+        """The error that ended the last start, and the trainer's step then (``launch/outcome``)."""
+        return self.status_dir / "start_failure.json"
+
     def create(self) -> RunPaths:
         for folder in (
             self.root,

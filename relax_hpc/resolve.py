@@ -11,6 +11,7 @@ this module checks that each *name* stands for something that exists where the j
 | ``judge.model.*``, ``rewards.reward_models.*.path`` | a judge class and folder that load; a score head with the label* |
 | ``algo.*`` | the estimator and loss functions (``relax_hpc.algo.resolve``) |
 | ``data.schema``, ``data.*_key`` | a published schema and its keys; the data file's columns* |
+| ``data.path``, ``data.eval_path`` | files whose every row reads: UTF-8 JSON objects, a Parquet schema* |
 | ``rollout.eval_interval_steps`` | a held-out split (``data.eval_path``) for file datasets |
 | ``model.architecture`` | a transformers class; the class the folder's config.json names* |
 | ``model.path``, ``model.tokenizer`` | a config.json and a tokenizer that load (not the weights)* |
@@ -29,7 +30,6 @@ imported by the checks that need them).
 from __future__ import annotations
 
 import importlib.util
-import json
 import os
 import shutil
 import sys
@@ -38,6 +38,7 @@ from pathlib import Path
 from relax_hpc.config import ConfigError, DataConfig, ModelConfig, RunConfig
 from relax_hpc.config.rewards import COMPOSITE
 from relax_hpc.config.schema import BUILTIN_TOKENIZERS
+from relax_hpc.data.scan import DataFileError, scan_columns
 from relax_hpc.data.schemas import SCHEMAS
 
 # Backend name -> the library the job's interpreter must be able to import.
@@ -207,59 +208,28 @@ def resolve_data(cfg: RunConfig, check_paths: bool) -> None:
         for path_field in ("path", "eval_path"):
             path = getattr(data, path_field)
             if path and Path(path).is_file():
-                check_columns(data, Path(path))
+                check_columns(data, Path(path), f"data.{path_field}")
 
 
-def check_columns(data: DataConfig, path: Path) -> None:
-    """The first row of ``path`` has the configured keys (and the schema's image column)."""
+def check_columns(data: DataConfig, path: Path, field: str = "data.path") -> None:
+    """Every row of ``path`` reads, and the first has the configured keys (and the schema's
+    image column); ``field`` is the setting that names the file."""
     schema = SCHEMAS[data.schema]
-    columns = _first_row_columns(path, data.kind)
+    try:
+        columns = scan_columns(path, data.kind)
+    except DataFileError as err:
+        raise ConfigError(field, f"{err}; fix the file or {field}") from None
     wanted = {"prompt_key": data.prompt_key, "answer_key": data.answer_key}
     if schema.image_key:
         wanted["schema's image column"] = schema.image_key
-    for field, key in wanted.items():
+    for key_field, key in wanted.items():
         if key not in columns:
-            fix = f"fix data.{field}" if field.endswith("_key") else "fix data.schema"
+            fix = f"fix data.{key_field}" if key_field.endswith("_key") else "fix data.schema"
             shown = ", ".join(sorted(columns)) or "none"
             raise ConfigError(
-                f"data.{field}" if field.endswith("_key") else "data.schema",
+                f"data.{key_field}" if key_field.endswith("_key") else "data.schema",
                 f"{key!r} is not a column of {path} (columns: {shown}); {fix}",
             )
-
-
-def _first_row_columns(path: Path, kind: str) -> set[str]:
-    """Every dotted key of the file's first row (nested structs spelled ``a.b``)."""
-    if kind == "parquet":
-        import pyarrow as pa
-        import pyarrow.parquet as pq
-
-        def names(fields, prefix: str = "") -> set[str]:
-            found = set()
-            for item in fields:
-                found.add(prefix + item.name)
-                if pa.types.is_struct(item.type):
-                    found |= names(list(item.type), f"{prefix}{item.name}.")
-            return found
-
-        return names(list(pq.read_schema(path)))
-
-    def keys(row: dict, prefix: str = "") -> set[str]:
-        found = set()
-        for key, value in row.items():
-            found.add(prefix + key)
-            if isinstance(value, dict):
-                found |= keys(value, f"{prefix}{key}.")
-        return found
-
-    with open(path, encoding="utf-8") as handle:
-        for line in handle:
-            if line.strip():
-                try:
-                    row = json.loads(line)
-                except json.JSONDecodeError as err:
-                    raise ConfigError("data.path", f"{path}: not JSON lines ({err.msg})") from None
-                return keys(row) if isinstance(row, dict) else set()
-    return set()
 
 
 def resolve_model(model: ModelConfig, check_paths: bool, prefix: str = "model") -> None:

@@ -7,6 +7,7 @@ script is merely rendered (``check_paths=False``).
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Iterable
 from pathlib import Path
@@ -35,6 +36,7 @@ def validate_run_config(cfg: RunConfig, check_paths: bool = False) -> None:
     """Raise ``ConfigError`` for the first rule ``cfg`` breaks."""
     _check_choices(cfg)
     _check_positive(cfg)
+    _check_ranges(cfg)
     _check_algo(cfg)
     _validate_section("spool", cfg.spool)
     _validate_section("weightsync", cfg.weightsync)
@@ -87,13 +89,21 @@ def _check_positive(cfg: RunConfig) -> None:
         "trainer.micro_batch_tokens": cfg.trainer.micro_batch_tokens,
         "trainer.checkpoint_interval_steps": cfg.trainer.checkpoint_interval_steps,
         "trainer.checkpoint_keep": cfg.trainer.checkpoint_keep,
+        "trainer.mem_gb": cfg.trainer.mem_gb,
+        "trainer.torch_threads": cfg.trainer.torch_threads,
         "rollout.nodes": cfg.rollout.nodes,
+        "rollout.cpus_per_task": cfg.rollout.cpus_per_task,
+        "rollout.mem_gb": cfg.rollout.mem_gb,
+        "rollout.torch_threads": cfg.rollout.torch_threads,
         "rollout.workers_per_node": cfg.rollout.workers_per_node,
         "rollout.engine_tensor_parallel": cfg.rollout.engine_tensor_parallel,
         "rollout.prompts_per_step": cfg.rollout.prompts_per_step,
         "rollout.n_samples_per_prompt": cfg.rollout.n_samples_per_prompt,
         "rollout.max_new_tokens": cfg.rollout.max_new_tokens,
+        "data.max_prompt_tokens": cfg.data.max_prompt_tokens,
+        "data.digits": cfg.data.digits,
         "cluster.time_min": cfg.cluster.time_min,
+        "observe.alerts.max_per_hour": cfg.observe.alerts.max_per_hour,
     }
     for name, value in fields.items():
         if value < 1:
@@ -105,6 +115,10 @@ def _check_positive(cfg: RunConfig) -> None:
         "cluster.max_restarts": cfg.cluster.max_restarts,
         "cluster.signal_grace_s": cfg.cluster.signal_grace_s,
         "cluster.run_lock_wait_s": cfg.cluster.run_lock_wait_s,
+        "trainer.warmup_steps": cfg.trainer.warmup_steps,
+        "rollout.eval_interval_steps": cfg.rollout.eval_interval_steps,
+        "data.eval_size": cfg.data.eval_size,
+        "observe.alerts.log_lines": cfg.observe.alerts.log_lines,
     }.items():
         if value < 0:
             raise ConfigError(name, f"must be >= 0, got {value}")
@@ -114,6 +128,48 @@ def _check_positive(cfg: RunConfig) -> None:
             f"must be > 0 seconds (how old a worker's heartbeat may be before its prompt "
             f"groups pass to another worker), got {cfg.rollout.claim_lease_s}",
         )
+
+
+def _check_ranges(cfg: RunConfig) -> None:
+    """Real numbers with a range (found here, not when a role starts and is restarted)."""
+    trainer, rollout, alerts = cfg.trainer, cfg.rollout, cfg.observe.alerts
+    for name, value in {
+        "trainer.lr": trainer.lr,
+        "trainer.critic_lr": trainer.critic_lr,
+        "trainer.grad_clip": trainer.grad_clip,
+        "rollout.temperature": rollout.temperature,
+        "rollout.reward_timeout_s": rollout.reward_timeout_s,
+        "observe.alerts.stall_after_min": alerts.stall_after_min,
+        "observe.alerts.send_timeout_s": alerts.send_timeout_s,
+        "observe.alerts.poll_s": alerts.poll_s,
+    }.items():
+        if not (math.isfinite(value) and value > 0):
+            raise ConfigError(name, f"must be a number > 0, got {value!r}")
+    for name, value in {
+        "trainer.weight_decay": trainer.weight_decay,
+        "observe.alerts.min_interval_s": alerts.min_interval_s,
+    }.items():
+        if not (math.isfinite(value) and value >= 0):
+            raise ConfigError(name, f"must be a number >= 0, got {value!r}")
+    _check_fraction("rollout.top_p", rollout.top_p, "the nucleus kept; 1 = off")
+    _check_fraction("rollout.engine_mem_fraction", rollout.engine_mem_fraction, "of each GPU")
+    if cfg.judge is not None:
+        _check_fraction("judge.engine_mem_fraction", cfg.judge.engine_mem_fraction, "of a GPU")
+        if cfg.judge.mem_gb < 1:
+            raise ConfigError("judge.mem_gb", f"must be >= 1, got {cfg.judge.mem_gb}")
+    if rollout.top_k == 0 or rollout.top_k < -1:
+        raise ConfigError("rollout.top_k", f"must be -1 (off) or >= 1, got {rollout.top_k}")
+    if trainer.parallel.data == 0 or trainer.parallel.data < -1:
+        raise ConfigError(
+            "trainer.parallel.data",
+            f"must be -1 (derived from the processes) or >= 1, got {trainer.parallel.data}",
+        )
+
+
+def _check_fraction(name: str, value: float, what: str) -> None:
+    """A share in (0, 1]."""
+    if not (math.isfinite(value) and 0 < value <= 1):
+        raise ConfigError(name, f"must be in (0, 1] ({what}), got {value!r}")
 
 
 def _validate_section(prefix: str, section) -> None:

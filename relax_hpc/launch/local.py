@@ -21,7 +21,12 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from relax_hpc import exitcodes
-from relax_hpc.launch.outcome import StartEnd, decide_end, recorded_config_error
+from relax_hpc.launch.outcome import (
+    StartEnd,
+    decide_end,
+    recorded_config_error,
+    repeated_start_error,
+)
 from relax_hpc.launch.plan import JobPlan, RolePlan
 from relax_hpc.paths import RunPaths, tail_text
 from relax_hpc.runtime import LOCAL_PREFIX, SUPERVISOR_PID_VAR
@@ -102,6 +107,7 @@ class LocalExecutor:
             signal=None,
             restarts=restart_count,
             max_restarts=self.plan.max_restarts,
+            repeated_error=repeated_start_error(self.paths, restart_count),
         )
 
     # --- one attempt ---------------------------------------------------------------------------

@@ -3,7 +3,10 @@
 The trainer's exit code (``relax_hpc.exitcodes``) and what the run directory says decide:
 ``finished``, ``failed`` (a config error of any role, or restarts used up), ``cancelled``
 (an operator's stop request) or ``requeued`` (a crash or a checkpointed stop on a signal:
-start again from the last complete checkpoint). The local executor calls ``decide_end``; the batch script
+start again from the last complete checkpoint). A start that ends with the same task error
+as the start before it (``status/errors/``, written by ``component.py``) while the trainer
+took no step in between is ``failed`` too: it fails before its first step every time, so
+a restart would only repeat it. The local executor calls ``decide_end``; the batch script
 runs ``python -m relax_hpc.launch.outcome RUN_DIR --trainer-exit N ...`` and evaluates the
 shell assignments it prints.
 
@@ -18,7 +21,7 @@ import sys
 from dataclasses import dataclass
 
 from relax_hpc import exitcodes
-from relax_hpc.paths import RunPaths, read_json
+from relax_hpc.paths import RunPaths, atomic_write_json, read_json
 
 OUTCOMES = ("finished", "failed", "cancelled", "requeued")
 
@@ -43,11 +46,14 @@ def decide_end(
     signal: str | None,
     restarts: int,
     max_restarts: int,
+    repeated_error: str | None = None,
 ) -> StartEnd:
     """``config_error``: what a step of this start recorded (``status/config_error.json``);
     ``cancelled_by``: who asked for a stop that must not be requeued (the cancel command,
     a local Ctrl-C); ``signal``: a signal forwarded to the steps (a preemption or the time
-    limit on Slurm); ``restarts``: how many starts came before this one."""
+    limit on Slurm); ``restarts``: how many starts came before this one;
+    ``repeated_error``: the error this start ended with when the start before it ended
+    with the same one and the trainer took no step in between (``repeated_start_error``)."""
     if trainer_done:
         return StartEnd("finished", "training complete", exitcodes.DONE)
     if trainer_exit == exitcodes.DONE:
@@ -59,6 +65,12 @@ def decide_end(
     if cancelled_by:
         detail = f"stopped on request ({cancelled_by}); trainer exit {trainer_exit}"
         return StartEnd("cancelled", detail, exitcodes.DONE)
+    if repeated_error is not None:
+        detail = (
+            f"{repeated_error} (the same error as the start before, before the first step of "
+            "this one: a restart would only repeat it); fix the cause and resubmit"
+        )
+        return StartEnd("failed", detail, exitcodes.FAILED)
     if trainer_exit == exitcodes.STOPPED:
         detail = f"{signal or 'a stop request'}: the trainer checkpointed and exited with 75"
     else:
@@ -76,6 +88,44 @@ def recorded_config_error(paths: RunPaths) -> str | None:
     record = read_json(paths.config_error, default=None)
     message = record.get("message") if isinstance(record, dict) else None
     return str(message or "see the task logs")
+
+
+def start_error(paths: RunPaths, restarts: int) -> str | None:
+    """The first error a task of this start recorded: ``role[rank]: Type: message``."""
+    records = []
+    for path in sorted(paths.task_errors_dir.glob("*.json")):
+        record = read_json(path, default=None)
+        if isinstance(record, dict) and record.get("restart") == restarts:
+            records.append(record)
+    if not records:
+        return None
+    first = min(records, key=lambda record: record.get("time", 0.0))
+    return f"{first.get('role')}[{first.get('rank')}]: {first.get('error')}"
+
+
+def trainer_progress(paths: RunPaths) -> list:
+    """The trainer's last step and when it was written; unchanged = no step was taken."""
+    status = read_json(paths.trainer_status, default=None)
+    if not isinstance(status, dict):
+        return [None, None]
+    return [status.get("step"), status.get("time")]
+
+
+def repeated_start_error(paths: RunPaths, restarts: int) -> str | None:
+    """This start's error if the start before it ended the same way with no step between.
+
+    Keeps ``status/start_failure.json`` (the error and the trainer's progress) for the next
+    start's decision; a start that ended without an error clears it.
+    """
+    error = start_error(paths, restarts)
+    previous = read_json(paths.start_failure, default=None)
+    if error is None:
+        paths.start_failure.unlink(missing_ok=True)
+        return None
+    progress = trainer_progress(paths)
+    atomic_write_json(paths.start_failure, {"error": error, "progress": progress})
+    same = isinstance(previous, dict) and previous.get("error") == error
+    return error if same and previous.get("progress") == progress else None
 
 
 def shell_assignments(end: StartEnd) -> str:
@@ -106,6 +156,7 @@ def main(argv: list[str] | None = None) -> int:
         signal=args.signal or None,
         restarts=args.restarts,
         max_restarts=args.max_restarts,
+        repeated_error=repeated_start_error(paths, args.restarts),
     )
     requeue = "requeueing" if end.requeue else "not requeueing"
     print(f"relax_hpc: {end.outcome}: {end.detail}; {requeue}", file=sys.stderr)

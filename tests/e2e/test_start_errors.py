@@ -68,3 +68,45 @@ def test_an_interpreter_without_the_dependencies_exits_2_once(tmp_path):
     assert f"config error: cluster.python: {venv}/bin/python cannot import" in result.stderr
     assert "leave cluster.python unset" in result.stderr
     assert "restart" not in result.stderr
+
+
+# Input found wrong only when a role started used to be retried as transient, then failed
+# minutes later (issue #34 item 9): each now ends at submit, with exit 2 naming it.
+BAD_NUMBERS = [
+    pytest.param("rollout.temperature=-1", "rollout.temperature", id="temperature"),
+    pytest.param("rollout.top_p=0", "rollout.top_p", id="top-p-zero"),
+    pytest.param("rollout.top_p=1.5", "rollout.top_p", id="top-p-above-one"),
+    pytest.param("trainer.lr=-1", "trainer.lr", id="lr"),
+]
+
+
+def ends_at_submit_with_exit_2(result: subprocess.CompletedProcess, run_dir, naming: str):
+    assert result.returncode == 2, failure_report(result, run_dir)
+    assert f"config error: {naming}" in result.stderr, result.stderr
+    assert "Traceback" not in result.stderr
+    assert not RunPaths(run_dir).logs_dir.exists()  # no role was started
+
+
+@pytest.mark.parametrize(("override", "field"), BAD_NUMBERS)
+def test_a_number_out_of_range_exits_2_at_submit(override, field, tmp_path):
+    run_dir = tmp_path / "run"
+    result = submit(run_dir, override, timeout_s=60)
+    ends_at_submit_with_exit_2(result, run_dir, field)
+
+
+GOOD_ROW = b'{"prompt": "1+1=", "answer": "2"}\n'
+BAD_FILES = [
+    pytest.param(GOOD_ROW + b'{"prompt": "2+2=", "answer": \n', ":2: not JSON", id="not-json"),
+    pytest.param(GOOD_ROW + b'{"prompt": "caf\xe9", "answer": "1"}\n', ":2: not UTF-8", id="latin1"),
+    pytest.param(GOOD_ROW + b"\n[1, 2]\n", ":3: a JSON list", id="not-an-object"),
+]
+
+
+@pytest.mark.parametrize(("content", "where"), BAD_FILES)
+def test_a_data_file_with_a_bad_line_exits_2_naming_file_and_line(content, where, tmp_path):
+    data = tmp_path / "train.jsonl"
+    data.write_bytes(content)
+    run_dir = tmp_path / "run"
+    file_data = ("data.kind=jsonl", f"data.path={data}", "rollout.eval_interval_steps=0")
+    result = submit(run_dir, *file_data, timeout_s=60)
+    ends_at_submit_with_exit_2(result, run_dir, f"data.path: {data}{where}")

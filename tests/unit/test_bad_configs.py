@@ -24,6 +24,22 @@ BAD_CONFIGS = [
         QWEN + ["trainer.parallel.tensor=3"], "trainer.parallel.tensor", id="tp-divides-gpus"
     ),
     pytest.param(TINY + ["rollout.claim_lease_s=0"], "rollout.claim_lease_s", id="lease"),
+    pytest.param(TINY + ["rollout.temperature=-1"], "rollout.temperature", id="temperature"),
+    pytest.param(TINY + ["rollout.top_p=0"], "rollout.top_p", id="top-p"),
+    pytest.param(TINY + ["rollout.top_k=0"], "rollout.top_k", id="top-k"),
+    pytest.param(TINY + ["trainer.lr=-1"], "trainer.lr", id="lr"),
+    pytest.param(TINY + ["trainer.lr=nan"], "trainer.lr", id="lr-nan"),
+    pytest.param(TINY + ["trainer.weight_decay=-0.1"], "trainer.weight_decay", id="decay"),
+    pytest.param(TINY + ["trainer.warmup_steps=-1"], "trainer.warmup_steps", id="warmup"),
+    pytest.param(
+        TINY + ["rollout.engine_mem_fraction=1.5"], "rollout.engine_mem_fraction", id="mem-share"
+    ),
+    pytest.param(TINY + ["rollout.reward_timeout_s=0"], "rollout.reward_timeout_s", id="reward-s"),
+    pytest.param(TINY + ["data.max_prompt_tokens=0"], "data.max_prompt_tokens", id="prompt-len"),
+    pytest.param(TINY + ["trainer.parallel.data=0"], "trainer.parallel.data", id="dp-zero"),
+    pytest.param(
+        TINY + ["observe.alerts.poll_s=0"], "observe.alerts.poll_s", id="alerts-poll"
+    ),
     pytest.param(
         QWEN + ["rollout.engine_tensor_parallel=3"],
         "rollout.engine_tensor_parallel",

@@ -146,3 +146,34 @@ def test_an_interrupt_is_forwarded_and_the_trainer_checkpoints(tmp_path):
         signal.signal(signal.SIGINT, previous)
     assert (tmp_path / "trainer-checkpointed").read_text() == "SIGTERM"
     assert (tmp_path / "rollout-stopped").exists()
+
+
+# A rollout whose data file is broken: it dies with the same error at every start, recording
+# it as a component does.
+ROLLOUT_SAME_ERROR = textwrap.dedent(
+    """
+    import os, pathlib, sys
+    from relax_hpc.component import record_task_error
+    from relax_hpc.paths import RunPaths
+    from relax_hpc.runtime import TaskIdentity
+    run = pathlib.Path(sys.argv[1])
+    (run / f"rollout-ready-{os.environ['RELAX_HPC_RESTART_COUNT']}").write_text("")
+    error = ValueError("/data/train.jsonl:2: not JSON (Expecting value)")
+    record_task_error(RunPaths(run), "rollout", TaskIdentity.from_environ(), error)
+    sys.exit(1)
+    """
+)
+
+
+def test_a_start_failing_like_the_one_before_is_not_restarted_again(tmp_path, capsys):
+    run = executor(tmp_path, "wait-for-signal " * 4, max_restarts=3)
+    (tmp_path / "rollout.py").write_text(ROLLOUT_SAME_ERROR)
+    assert run.run() == 1
+    assert sorted(p.name for p in tmp_path.glob("rollout-ready-*")) == [
+        "rollout-ready-0",
+        "rollout-ready-1",
+    ]  # one restart (the error may have been transient), not three
+    err = capsys.readouterr().err
+    assert "restart 1 of 3" in err and "restart 2 of 3" not in err
+    assert "rollout[0]: ValueError: /data/train.jsonl:2: not JSON" in err
+    assert run.end is not None and run.end.outcome == "failed"

@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from relax_hpc import exitcodes
-from relax_hpc.launch.outcome import decide_end
+from relax_hpc.launch.outcome import decide_end, repeated_start_error, start_error
 from relax_hpc.launch.plan import build_job_plan
 from relax_hpc.launch.sbatch import render_sbatch
 from relax_hpc.paths import RunPaths, atomic_write_json
@@ -98,3 +98,53 @@ def test_the_sbatch_script_asks_the_decision_and_spells_no_exit_code_itself(tmp_
     assert "-m relax_hpc.launch.outcome" in script and 'eval "$decision"' in script
     assert "75" not in script and "case \"$trainer_rc\"" not in script
     assert f"exit {exitcodes.RUN_IN_USE}\n" in script
+
+
+def record_error(paths: RunPaths, role: str, restart: int, error: str, rank: int = 0) -> None:
+    """What ``component.record_task_error`` writes when a task ends with an exception."""
+    from relax_hpc.component import record_task_error
+    from relax_hpc.runtime import TaskIdentity
+
+    identity = TaskIdentity(rank, 1, 0, "local-1", restart, "local")
+    record_task_error(paths, role, identity, ValueError(error))
+
+
+def test_the_same_error_before_the_first_step_twice_in_a_row_ends_the_run(tmp_path):
+    paths = RunPaths(tmp_path).create()
+    not_json = "data/train.jsonl:2: not JSON (Expecting value)"
+    record_error(paths, "rollout", 0, not_json)
+    assert repeated_start_error(paths, 0) is None  # the first time: maybe transient
+    assert decide(1, restarts=0, repeated_error=None).outcome == "requeued"
+    record_error(paths, "rollout", 1, not_json)
+    repeated = repeated_start_error(paths, 1)
+    assert repeated == f"rollout[0]: ValueError: {not_json}"
+    end = decide(75, restarts=1, repeated_error=repeated)
+    assert (end.outcome, end.exit_code, end.requeue) == ("failed", exitcodes.FAILED, False)
+    assert not_json in end.detail and "the same error as the start before" in end.detail
+    # The batch script gets the same decision from the same files.
+    record_error(paths, "rollout", 2, not_json)
+    batch = shell_decision(tmp_path, "--trainer-exit", "75", "--restarts", "2", "--max-restarts", "3")
+    assert (batch["outcome"], batch["requeue"]) == ("failed", "0")
+    assert not_json in batch["detail"]
+
+
+def test_a_step_between_or_another_error_is_restarted_as_before(tmp_path):
+    paths = RunPaths(tmp_path).create()
+    record_error(paths, "trainer", 0, "CUDA error: an illegal memory access")
+    assert repeated_start_error(paths, 0) is None
+    atomic_write_json(paths.trainer_status, {"step": 3, "time": 1.0})  # start 1 trained
+    record_error(paths, "trainer", 1, "CUDA error: an illegal memory access")
+    assert repeated_start_error(paths, 1) is None
+    record_error(paths, "trainer", 2, "NCCL timeout")  # no step, but another error
+    assert repeated_start_error(paths, 2) is None
+    assert repeated_start_error(paths, 3) is None  # a start without a task error (preempted)
+    record_error(paths, "trainer", 4, "NCCL timeout")  # the one before it had no error
+    assert repeated_start_error(paths, 4) is None
+
+
+def test_the_first_task_error_of_the_start_is_its_cause(tmp_path):
+    paths = RunPaths(tmp_path).create()
+    record_error(paths, "rollout", 0, "an old start's error")  # another start: not this one's
+    record_error(paths, "rollout", 1, "line 2: not JSON", rank=1)
+    record_error(paths, "trainer", 1, "the rollout went away")  # a consequence, later
+    assert start_error(paths, 1) == "rollout[1]: ValueError: line 2: not JSON"
