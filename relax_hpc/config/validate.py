@@ -313,6 +313,13 @@ def _check_megatron(cfg: RunConfig) -> None:
     """What the megatron backend does not run yet."""
     if cfg.trainer.backend != "megatron":
         return
+    if cfg.model.modality != "text":
+        raise ConfigError(
+            "trainer.backend",
+            f"megatron cannot carry model.modality={cfg.model.modality}: its HF <-> Megatron "
+            "mapping is text-only (no vision/audio tower); use trainer.backend=torch (FSDP2, "
+            "CPU or GPU) for this model",
+        )
     if cfg.model.dtype == "float16":
         raise ConfigError(
             "model.dtype",

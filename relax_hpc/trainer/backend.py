@@ -86,12 +86,19 @@ class Networks:
 @dataclass
 class HFNetworks:
     """The Hugging Face networks a run starts from; ``critic_body`` is the causal LM whose
-    body the critic starts from (its value head is the backend's)."""
+    body the critic starts from (its value head is the backend's). ``processor``: the
+    policy's ``MediaProcessor`` when it reads images/audio (every network shares it)."""
 
     policy: torch.nn.Module
     reference: torch.nn.Module | None = None
     teacher: torch.nn.Module | None = None
     critic_body: torch.nn.Module | None = None
+    processor: Any = None
+
+    @property
+    def media_token_ids(self) -> tuple[int, ...]:
+        """Tokens the policy must never write (media placeholders); none for text models."""
+        return tuple(self.processor.media_token_ids) if self.processor is not None else ()
 
 
 class TrainerBackend(Protocol):

@@ -3,16 +3,26 @@
 Legend: ``B`` samples, ``L`` padded prompt+response length, ``T`` padded response length.
 A response token ``t`` of row ``i`` sits at input position ``prompt_len[i] + t`` and is
 predicted by the logits at position ``prompt_len[i] + t - 1``.
+
+Media (images, audio) ride along per row (``TrainBatch.media``): the model inputs rebuilt
+once per group from the group's ``MediaPayload`` (``Sample.media``) by the model's
+``MediaProcessor``; the prompt ids already hold every media token.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, fields, replace
+from typing import TYPE_CHECKING
 
 import torch
 
+from relax_hpc.media.inputs import MediaBatch, MediaInputs, media_budget_chunks
+from relax_hpc.media.payload import MediaPayload
 from relax_hpc.spool import Sample
+
+if TYPE_CHECKING:
+    from relax_hpc.media.processor import MediaProcessor
 
 
 @dataclass
@@ -27,6 +37,8 @@ class TrainBatch:
     group_index_B: torch.Tensor  # int64, dense group ids 0..G-1 in batch order
     policy_version_B: torch.Tensor  # int64, version of the weights that generated each sample
     sample_ids: list[str]
+    # Per row its media inputs (rows of a group share one object); None: a text-only batch.
+    media: MediaBatch | None = None
 
     @property
     def num_samples(self) -> int:
@@ -40,14 +52,24 @@ class TrainBatch:
         """The sub-batch of ``rows``, trimmed to its own longest sequence."""
         rows = torch.as_tensor(rows, dtype=torch.long)
         picked = {
-            f.name: (
-                [self.sample_ids[i] for i in rows.tolist()]
-                if f.name == "sample_ids"
-                else getattr(self, f.name)[rows]
-            )
+            f.name: getattr(self, f.name)[rows]
             for f in fields(self)
+            if f.name not in ("sample_ids", "media")
         }
+        picked["sample_ids"] = [self.sample_ids[i] for i in rows.tolist()]
+        picked["media"] = None if self.media is None else self.media.select(rows)
         return TrainBatch(**picked).trimmed()
+
+    @property
+    def encoder_positions_B(self) -> list[int]:
+        """Positions the media towers run over per row (0 for text rows)."""
+        if self.media is None:
+            return [0] * self.num_samples
+        return self.media.encoder_positions_B
+
+    def media_kwargs(self, device: torch.device | str = "cpu") -> dict[str, torch.Tensor]:
+        """The model's media keyword tensors for these rows (none for a text-only batch)."""
+        return {} if self.media is None else self.media.model_kwargs(device)
 
     def trimmed(self) -> TrainBatch:
         """A copy without the padding columns no row needs."""
@@ -62,8 +84,13 @@ class TrainBatch:
         )
 
 
-def collate(groups: Sequence[Sequence[Sample]], pad_token_id: int) -> TrainBatch:
-    """Pad every sample of ``groups`` (in order) into one ``TrainBatch``."""
+def collate(
+    groups: Sequence[Sequence[Sample]],
+    pad_token_id: int,
+    processor: MediaProcessor | None = None,
+) -> TrainBatch:
+    """Pad every sample of ``groups`` (in order) into one ``TrainBatch``; ``processor``
+    rebuilds the media inputs of groups that carry media."""
     samples = [sample for group in groups for sample in group]
     group_index = [index for index, group in enumerate(groups) for _ in group]
     if not samples:
@@ -93,7 +120,50 @@ def collate(groups: Sequence[Sequence[Sample]], pad_token_id: int) -> TrainBatch
         group_index_B=torch.tensor(group_index, dtype=torch.long),
         policy_version_B=torch.tensor([s.policy_version for s in samples], dtype=torch.long),
         sample_ids=[s.sample_id for s in samples],
+        media=collate_group_media(groups, processor),
     )
+
+
+def collate_group_media(
+    groups: Sequence[Sequence[Sample]], processor: MediaProcessor | None
+) -> MediaBatch | None:
+    """One ``MediaInputs`` per row, built once per group and shared by its rows; None when
+    no sample has media (the text path stays as it was)."""
+    if all(s.media is None for group in groups for s in group):
+        return None
+    if processor is None:
+        raise ValueError(
+            "the spool holds samples with images/audio but the trainer's model takes text "
+            "only; set model.modality (vision | audio | omni) and a media model"
+        )
+    rows: list[MediaInputs | None] = []
+    for group in groups:
+        inputs = _group_inputs(group, processor)
+        rows += [inputs] * len(group)
+    return MediaBatch(rows)
+
+
+def _group_inputs(group: Sequence[Sample], processor: MediaProcessor) -> MediaInputs | None:
+    payload: MediaPayload | None = group[0].media
+    where = f"group {group[0].group_id}"
+    if not all(_same_payload(s.media, payload) for s in group[1:]):
+        raise ValueError(f"{where}: its samples carry different media; a group is one prompt")
+    if payload is None or payload.is_empty:
+        return None
+    inputs = processor.model_inputs(payload, where)
+    processor.check_prompt_ids(group[0].prompt_token_ids.tolist(), inputs, where)
+    return inputs
+
+
+def _same_payload(a: MediaPayload | None, b: MediaPayload | None) -> bool:
+    if a is b:
+        return True  # the spool's contract: one object per group
+    if a is None or b is None or a.fingerprint != b.fingerprint:
+        return False
+    if (len(a.images), len(a.audio)) != (len(b.images), len(b.audio)):
+        return False
+    pairs = [*zip(a.images, b.images, strict=True), *zip(a.audio, b.audio, strict=True)]
+    return all(x.shape == y.shape and bool((x == y).all()) for x, y in pairs)
 
 
 def response_positions(prompt_len_B: torch.Tensor, width: int) -> torch.Tensor:
@@ -121,23 +191,13 @@ def concat_rows(parts: list[torch.Tensor], width: int) -> torch.Tensor:
 
 
 def token_budget_chunks(batch: TrainBatch, micro_batch_tokens: int) -> list[list[int]]:
-    """Consecutive row ranges whose padded size (rows x longest row) fits the budget.
+    """Consecutive row ranges whose padded size (rows x longest row, media tokens included)
+    plus the positions the media towers run over fits the budget.
 
     A single row longer than the budget still forms its own micro-batch.
     """
     lengths = (batch.prompt_len_B + batch.response_len_B).tolist()
-    chunks: list[list[int]] = []
-    current: list[int] = []
-    longest = 0
-    for row, length in enumerate(lengths):
-        if current and max(longest, length) * (len(current) + 1) > micro_batch_tokens:
-            chunks.append(current)
-            current, longest = [], 0
-        current.append(row)
-        longest = max(longest, length)
-    if current:
-        chunks.append(current)
-    return chunks
+    return media_budget_chunks(lengths, batch.encoder_positions_B, micro_batch_tokens)
 
 
 def split_to_count(chunks: list[list[int]], count: int) -> list[list[int]]:

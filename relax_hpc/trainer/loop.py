@@ -85,6 +85,7 @@ class Trainer:
         metrics: MetricsLogger,
         broadcast_groups,  # callable(groups | None) -> groups, the same on every rank
         cost_metrics=lambda step: {},  # callable(step) -> device-hours so far (observe.cost)
+        media_processor=None,  # the policy's MediaProcessor: rebuilds each group's media
     ) -> None:
         self.settings = settings
         self.spec = spec
@@ -97,6 +98,7 @@ class Trainer:
         self.metrics = metrics
         self.broadcast_groups = broadcast_groups
         self.cost_metrics = cost_metrics
+        self.media_processor = media_processor
         self.progress = Progress()
         self.timer = PhaseTimer()
         self.checkpointed_step: int | None = None  # the step of the newest checkpoint
@@ -152,7 +154,7 @@ class Trainer:
 
     def train_step(self, groups: list) -> dict[str, float]:
         s = self.settings
-        batch = collate(groups, s.pad_token_id)
+        batch = collate(groups, s.pad_token_id, self.media_processor)
         plan = (s.epochs_per_step, s.mini_batches_per_step, s.rank, s.world_size)
         with self.timer.phase("prepare"):
             tensors = prepare_step(

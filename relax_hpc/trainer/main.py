@@ -48,13 +48,14 @@ def make_sender(cfg: RunConfig, paths: RunPaths, device: torch.device, identity:
 
 
 def build_backend(cfg: RunConfig, device: torch.device, identity: TaskIdentity):
-    """The algorithm, the policy's tokenizer and the backend with its networks built."""
+    """The algorithm, the policy's tokenizer, the backend with its networks built, and the
+    policy's ``MediaProcessor`` (None for a text model)."""
     spec = resolve(cfg.algo)
     dtype = resolve_dtype(cfg.model.dtype, device)
     networks, tokenizer = hf_networks(cfg, spec, dtype)
     backend = make_backend(cfg.trainer, device, dtype, identity.rank, identity.world_size)
     backend.build_networks(networks)
-    return spec, tokenizer, backend
+    return spec, tokenizer, backend, networks.processor
 
 
 def run_trainer(cfg: RunConfig, paths: RunPaths, identity: TaskIdentity) -> int:
@@ -70,7 +71,7 @@ def run_trainer(cfg: RunConfig, paths: RunPaths, identity: TaskIdentity) -> int:
     sender = make_sender(cfg, paths, device, identity) if leader else None
     if sender is not None:
         sender.start()  # before the model is built: rollout engines can register meanwhile
-    spec, tokenizer, backend = build_backend(cfg, device, identity)
+    spec, tokenizer, backend, processor = build_backend(cfg, device, identity)
     reader = (
         SpoolReader(
             paths.spool_dir,
@@ -112,12 +113,14 @@ def run_trainer(cfg: RunConfig, paths: RunPaths, identity: TaskIdentity) -> int:
         if identity.world_size > 1
         else sequential_broadcast,
         cost_metrics=(lambda step: step_cost_metrics(paths, step)) if leader else lambda step: {},
+        media_processor=processor,
     )
     _resume_or_start(cfg, paths, trainer)
     publish_weights(trainer.progress.policy_version)
     exit_code = trainer.run()
     if exit_code == exitcodes.DONE:
-        backend.export(paths.export_dir, tokenizer, is_writer=leader)  # collective
+        # a media model's processor writes its tokenizer and preprocessor_config.json
+        backend.export(paths.export_dir, processor or tokenizer, is_writer=leader)  # collective
         if leader:
             _finish(paths, trainer)
     elif exit_code == exitcodes.STOPPED and leader:

@@ -3,6 +3,8 @@
 The policy starts from the configured model (or its cached warm start); the reference
 and the critic's body from their own paths, else from a copy of the policy; the teacher
 from its path. Which of them a run needs follows from the algorithm (``AlgorithmSpec``).
+A model that reads images or audio (``model.modality``) is built by
+``models.media_policy``, as the rollout builds it, with its ``MediaProcessor``.
 """
 
 from __future__ import annotations
@@ -18,6 +20,12 @@ import torch
 from relax_hpc.algo import AlgorithmSpec
 from relax_hpc.config import ModelConfig, RunConfig
 from relax_hpc.models.build import build_causal_lm, build_tokenizer
+from relax_hpc.models.media_policy import (
+    DEFAULT_WARM_START_TASK,
+    build_media_policy,
+    is_media_model,
+    load_media_policy,
+)
 from relax_hpc.trainer.backend import HFNetworks
 
 
@@ -39,6 +47,8 @@ def initial_model_config(cfg: RunConfig) -> ModelConfig:
 
 def hf_networks(cfg: RunConfig, spec: AlgorithmSpec, dtype: torch.dtype) -> tuple[HFNetworks, Any]:
     """The networks ``spec`` needs, and the policy's tokenizer (which every one shares)."""
+    if is_media_model(cfg.model):
+        return media_networks(cfg, spec, dtype)
     model_cfg = initial_model_config(cfg)
     tokenizer = build_tokenizer(model_cfg)
     policy = build_causal_lm(model_cfg, tokenizer, dtype, seed=cfg.seed)
@@ -57,8 +67,36 @@ def hf_networks(cfg: RunConfig, spec: AlgorithmSpec, dtype: torch.dtype) -> tupl
         if spec.needs_reference
         else None,
         teacher=from_path_or_copy(cfg.model.teacher_path, None) if spec.needs_teacher else None,
-        critic_body=from_path_or_copy(cfg.model.critic_path, policy)
-        if spec.needs_critic
-        else None,
+        critic_body=from_path_or_copy(cfg.model.critic_path, policy) if spec.needs_critic else None,
     )
     return networks, tokenizer
+
+
+def media_networks(
+    cfg: RunConfig, spec: AlgorithmSpec, dtype: torch.dtype
+) -> tuple[HFNetworks, Any]:
+    """``hf_networks`` of a VL/Omni policy: networks from a path are media models of that
+    folder (they share the policy's processor, so their media inputs must match)."""
+    policy, processor = build_media_policy(
+        cfg.model, dtype, seed=cfg.seed, warm_start_task=media_task_name(cfg), cache_dir=cache_dir()
+    )
+
+    def from_path_or_copy(field: str, initial: torch.nn.Module | None):
+        path = getattr(cfg.model, field)
+        if path is None:
+            return copy.deepcopy(initial)
+        return load_media_policy(path, dtype, f"model.{field}")[0]
+
+    networks = HFNetworks(
+        policy=policy,
+        reference=from_path_or_copy("reference_path", policy) if spec.needs_reference else None,
+        teacher=from_path_or_copy("teacher_path", None) if spec.needs_teacher else None,
+        critic_body=from_path_or_copy("critic_path", policy) if spec.needs_critic else None,
+        processor=processor,
+    )
+    return networks, processor.tokenizer
+
+
+def media_task_name(cfg: RunConfig) -> str:
+    """The built-in media task a tiny model warm-starts on: the run's ``data.media_task``."""
+    return cfg.data.media_task or DEFAULT_WARM_START_TASK

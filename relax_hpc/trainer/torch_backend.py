@@ -1,5 +1,6 @@
-"""The torch trainer backend: a transformers causal LM on CPU or GPU, FSDP2 when the
-trainer has several ranks (gloo on CPU, NCCL on GPU), AdamW with warm-up and clipping.
+"""The torch trainer backend: a transformers causal LM, or a vision-language / omni model
+with its media inputs, on CPU or GPU, FSDP2 when the trainer has several ranks (gloo on
+CPU, NCCL on GPU), AdamW with warm-up and clipping.
 
 ``TorchModel`` is one network (the ``Model`` of ``trainer/backend.py``): per-token
 log-probs, entropies and values of a ``TrainBatch`` and an optimiser step on a loss; the
@@ -10,14 +11,13 @@ checkpoints are plain DCP state of the models and optimisers.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import Tensor
 
-from relax_hpc.algo import entropy_from_logits
 from relax_hpc.checkpoint.stateful import ModelAndOptimizer, OpaqueState, Stateful
 from relax_hpc.trainer.backend import (
     BackendBase,
@@ -27,14 +27,36 @@ from relax_hpc.trainer.backend import (
     sequential_forward_backward,
 )
 from relax_hpc.trainer.batch import TrainBatch, concat_rows, gather_response, token_budget_chunks
+from relax_hpc.trainer.media_logprobs import media_token_logprobs
+
+# Where transformers keeps the decoder layers: causal LMs and the Omni thinkers
+# (``model.layers``), Qwen-VL (``model.language_model.layers``), a bare VL model.
+DECODER_LAYER_PATHS = ("model.layers", "model.language_model.layers", "language_model.layers")
+
+
+def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The decoder layers of a causal LM, a VL/Omni model or a critic's body (none found:
+    an empty list, and FSDP2 shards the model as one unit)."""
+    if isinstance(model, ValueHead):
+        model = model.body
+    for path in DECODER_LAYER_PATHS:
+        found: object = model
+        for name in path.split("."):
+            found = getattr(found, name, None)
+        if isinstance(found, torch.nn.ModuleList):
+            return list(found)
+    return []
 
 
 def shard_with_fsdp2(model: torch.nn.Module) -> torch.nn.Module:
-    """FSDP2: one unit per decoder layer plus the root (gradients averaged over ranks)."""
+    """FSDP2: one unit per decoder layer plus the root (gradients averaged over ranks).
+
+    Media towers stay in the root unit: a rank whose micro-batch holds no image skips the
+    tower, and a separately sharded tower would then miss its collectives on that rank.
+    """
     from torch.distributed.fsdp import fully_shard
 
-    layers = getattr(getattr(model, "model", None), "layers", None) or []
-    for layer in layers:
+    for layer in decoder_layers(model):
         fully_shard(layer)
     fully_shard(model)
     return model
@@ -50,13 +72,18 @@ class ValueHead(torch.nn.Module):
     def __init__(self, causal_lm: torch.nn.Module) -> None:
         super().__init__()
         self.body = causal_lm
-        self.head = torch.nn.Linear(causal_lm.config.hidden_size, 1)
+        # VL/Omni configs keep the language model's sizes in their text config
+        hidden_size = causal_lm.config.get_text_config().hidden_size
+        self.head = torch.nn.Linear(hidden_size, 1)
         torch.nn.init.zeros_(self.head.weight)
         torch.nn.init.zeros_(self.head.bias)
 
-    def forward(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
+    def forward(self, input_ids: Tensor, attention_mask: Tensor, **media_kwargs: Tensor) -> Tensor:
         out = self.body(
-            input_ids=input_ids, attention_mask=attention_mask, output_hidden_states=True
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            output_hidden_states=True,
+            **media_kwargs,
         )
         return self.head(out.hidden_states[-1]).squeeze(-1)
 
@@ -92,10 +119,13 @@ class TorchModel:
         warmup_steps: int = 0,
         grad_clip: float = 1.0,
         trainable: bool = True,
+        media_token_ids: Sequence[int] = (),
     ) -> None:
         self.network = network.to(device)
         self.device = device
         self.micro_batch_tokens = micro_batch_tokens
+        # MediaProcessor.media_token_ids: masked out of the policy, as the rollout does
+        self.media_token_ids = tuple(media_token_ids)
         self.grad_clip = grad_clip
         self.optimizer = None
         self.scheduler = None
@@ -123,22 +153,20 @@ class TorchModel:
     def token_logprobs(
         self, micro: TrainBatch, temperature: float, with_entropy: bool
     ) -> tuple[Tensor, Tensor | None]:
-        """``[B, T]`` log-probs of the response tokens at ``temperature`` (and entropies)."""
+        """``[B, T]`` log-probs of the response tokens at ``temperature`` (and entropies),
+        with the rows' media (none for text) and media tokens masked out of the policy."""
         input_ids, attention = self._inputs(micro)
-        logits_BLV = self.network(input_ids=input_ids, attention_mask=attention).logits.float()
-        logits_BLV = logits_BLV / temperature
-        width = micro.response_mask_BT.shape[1]
-        next_tokens_BL = torch.roll(input_ids, shifts=-1, dims=1)
-        logprobs_BL = (
-            torch.log_softmax(logits_BLV, dim=-1)
-            .gather(-1, next_tokens_BL.unsqueeze(-1))
-            .squeeze(-1)
+        return media_token_logprobs(
+            self.network,
+            input_ids,
+            attention,
+            micro.prompt_len_B,
+            micro.response_mask_BT.shape[1],
+            micro.media_kwargs(self.device),
+            self.media_token_ids,
+            temperature,
+            with_entropy,
         )
-        logprobs_BT = gather_response(logprobs_BL, micro.prompt_len_B, width)
-        entropy_BT = None
-        if with_entropy:
-            entropy_BT = gather_response(entropy_from_logits(logits_BLV), micro.prompt_len_B, width)
-        return logprobs_BT, entropy_BT
 
     def forward_backward(
         self, micros: list[TrainBatch], temperature: float, loss_fn: MicroLossFn
@@ -147,7 +175,7 @@ class TorchModel:
 
     def token_values(self, micro: TrainBatch) -> Tensor:
         input_ids, attention = self._inputs(micro)
-        values_BL = self.network(input_ids, attention).float()
+        values_BL = self.network(input_ids, attention, **micro.media_kwargs(self.device)).float()
         return gather_response(values_BL, micro.prompt_len_B, micro.response_mask_BT.shape[1])
 
     @torch.no_grad()
@@ -207,7 +235,11 @@ class TorchBackend(BackendBase):
         if self.world_size > 1:
             policy = shard_with_fsdp2(policy)
             critic = shard_with_fsdp2(critic) if critic is not None else None
-        common = {"device": self.device, "micro_batch_tokens": t.micro_batch_tokens}
+        common = {
+            "device": self.device,
+            "micro_batch_tokens": t.micro_batch_tokens,
+            "media_token_ids": hf.media_token_ids,
+        }
         schedule = {"warmup_steps": t.warmup_steps, "grad_clip": t.grad_clip}
 
         def frozen(network: torch.nn.Module | None) -> TorchModel | None:

@@ -112,6 +112,12 @@ class MegatronBackend(BackendBase):
     def build_networks(self, hf: HFNetworks) -> Networks:
         from megatron.core import parallel_state
 
+        if hf.processor is not None:  # validation refuses it first (config/validate.py)
+            raise ValueError(
+                "trainer.backend: megatron maps text models only; use trainer.backend=torch "
+                "(FSDP2) for a model that reads images or audio"
+            )
+
         if not parallel_state.model_parallel_is_initialized():
             initialize_model_parallel(self.settings)
         t = self.trainer
