@@ -2,12 +2,14 @@
 Face folder (config, safetensors weights, tokenizer) that ``transformers`` loads.
 
 Reads the run's resolved config for the architecture and tokenizer, loads the policy
-weights of the checkpoint (the latest complete one by default) and saves them.
+weights of the checkpoint (the latest complete one by default) and saves them. A model
+that reads images or audio also gets its processor files (``preprocessor_config.json``).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 import warnings
 from pathlib import Path
@@ -19,6 +21,7 @@ from relax_hpc.checkpoint.stateful import ModelAndOptimizer
 from relax_hpc.checkpoint.store import CheckpointStore, complete_checkpoints
 from relax_hpc.config import ConfigError, load_run_config
 from relax_hpc.models.build import build_causal_lm, build_tokenizer
+from relax_hpc.models.media_policy import build_media_policy, is_media_model
 from relax_hpc.paths import RunPaths
 
 
@@ -31,8 +34,13 @@ def export_checkpoint(run_dir: Path, out_dir: Path, step: int | None = None) -> 
     chosen = max(checkpoints) if step is None else step
     if chosen not in checkpoints:
         raise ValueError(f"no complete checkpoint of step {chosen}; have {sorted(checkpoints)}")
-    tokenizer = build_tokenizer(cfg.model)
-    model = build_causal_lm(cfg.model, tokenizer, torch.float32, seed=cfg.seed)
+    if is_media_model(cfg.model):
+        # the checkpoint holds every weight: the warm start need not be rebuilt
+        skeleton = dataclasses.replace(cfg.model, warm_start=False)
+        model, tokenizer = build_media_policy(skeleton, torch.float32, seed=cfg.seed)
+    else:
+        tokenizer = build_tokenizer(cfg.model)
+        model = build_causal_lm(cfg.model, tokenizer, torch.float32, seed=cfg.seed)
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="torch.distributed is disabled")
         CheckpointStore(paths, keep=1).load(
@@ -40,7 +48,7 @@ def export_checkpoint(run_dir: Path, out_dir: Path, step: int | None = None) -> 
         )
     out_dir.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out_dir, safe_serialization=True)
-    tokenizer.save_pretrained(out_dir)
+    tokenizer.save_pretrained(out_dir)  # a MediaProcessor writes its processor files too
     return out_dir
 
 

@@ -98,6 +98,9 @@ class TrainerConfig:
     # (gathers the optimizer state at save; resume with any parallel layout)
     megatron_checkpoint_format: str = "dp_reshardable"
     torch_threads: int = 1  # CPU: one thread per process is fastest for tiny models
+    # A vision-language / omni policy's vision tower is not trained (no gradient, no optimiser
+    # state) and not sent to the engines, which keep the tower they were built with.
+    freeze_vision: bool = False
 
 
 @dataclass

@@ -44,6 +44,7 @@ def validate_run_config(cfg: RunConfig, check_paths: bool = False) -> None:
     _check_backends(cfg)
     _check_trainer_layout(cfg.trainer)
     _check_megatron(cfg)
+    _check_freeze_vision(cfg)
     _check_weightsync_transport(cfg)
     _check_rollout_layout(cfg)
     _check_batch_shape(cfg)
@@ -306,6 +307,15 @@ def _check_megatron_on_cpu(trainer: TrainerConfig) -> None:
             "trainer.activation_checkpointing",
             "megatron on CPU cannot recompute activations (Megatron saves CUDA RNG states "
             "for it); set trainer.activation_checkpointing=false",
+        )
+
+
+def _check_freeze_vision(cfg: RunConfig) -> None:
+    if cfg.trainer.freeze_vision and cfg.model.modality not in ("vision", "omni"):
+        raise ConfigError(
+            "trainer.freeze_vision",
+            f"model.modality={cfg.model.modality} has no vision tower to freeze; set "
+            "trainer.freeze_vision=false (or a vision / omni model)",
         )
 
 

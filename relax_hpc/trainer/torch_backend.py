@@ -48,6 +48,26 @@ def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
     return []
 
 
+def vision_tower_names(model: torch.nn.Module) -> frozenset[str]:
+    """Names of the vision tower's parameters (Qwen-VL ``model.visual.*``, Omni ``visual.*``;
+    under a critic's ``body.``)."""
+    return frozenset(n for n, _ in model.named_parameters() if "visual" in n.split("."))
+
+
+def freeze_vision_tower(model: torch.nn.Module) -> frozenset[str]:
+    """``trainer.freeze_vision``: the tower's parameters take no gradient; their names."""
+    names = vision_tower_names(model)
+    if not names:
+        raise ValueError(
+            "trainer.freeze_vision: the model has no vision tower (no parameter under "
+            "'visual'); set trainer.freeze_vision=false"
+        )
+    for name, parameter in model.named_parameters():
+        if name in names:
+            parameter.requires_grad_(False)
+    return names
+
+
 def shard_with_fsdp2(model: torch.nn.Module) -> torch.nn.Module:
     """FSDP2: one unit per decoder layer plus the root (gradients averaged over ranks).
 
@@ -131,8 +151,9 @@ class TorchModel:
         self.scheduler = None
         if trainable:
             self.network.train()
+            trained = [p for p in self.network.parameters() if p.requires_grad]  # not frozen
             self.optimizer = torch.optim.AdamW(
-                self.network.parameters(), lr=lr, weight_decay=weight_decay, betas=(0.9, 0.999)
+                trained, lr=lr, weight_decay=weight_decay, betas=(0.9, 0.999)
             )
             self.scheduler = torch.optim.lr_scheduler.LambdaLR(
                 self.optimizer, warmup_lambda(warmup_steps)
@@ -227,11 +248,17 @@ def full_policy_weights(policy: torch.nn.Module, world_size: int) -> dict[str, T
 class TorchBackend(BackendBase):
     """``TrainerBackend`` of transformers models; FSDP2 over the trainer's ranks."""
 
+    frozen: frozenset[str] = frozenset()  # policy tensors not trained, hence not published
+
     def build_networks(self, hf: HFNetworks) -> Networks:
         t = self.trainer
         policy, critic = hf.policy, None
         if hf.critic_body is not None:
             critic = ValueHead(hf.critic_body).to(self.dtype)
+        # frozen before sharding (FSDP2 keeps requires_grad per parameter)
+        self.frozen = freeze_vision_tower(policy) if t.freeze_vision else frozenset()
+        if t.freeze_vision and critic is not None:
+            freeze_vision_tower(critic)
         if self.world_size > 1:
             policy = shard_with_fsdp2(policy)
             critic = shard_with_fsdp2(critic) if critic is not None else None
@@ -257,7 +284,10 @@ class TorchBackend(BackendBase):
         return self.rank, self.world_size  # FSDP2 is pure data parallelism
 
     def policy_weights(self) -> dict[str, Tensor]:
-        return full_policy_weights(self.nets.policy.network, self.world_size)
+        """Every trained tensor (a frozen vision tower is not sent: the engines keep theirs,
+        built from the same model)."""
+        weights = full_policy_weights(self.nets.policy.network, self.world_size)
+        return {name: t for name, t in weights.items() if name not in self.frozen}
 
     def checkpoint_entries(self, step_dir: Path, saving: bool) -> dict[str, Stateful]:
         """Plain DCP state: written and read by ``CheckpointStore`` itself (``step_dir`` is
@@ -272,7 +302,9 @@ class TorchBackend(BackendBase):
         return entries
 
     def export(self, export_dir: Path, tokenizer: Any, is_writer: bool) -> None:
-        weights = self.policy_weights()
+        """The whole policy (a frozen tower too) as an HF folder; ``tokenizer`` is the
+        tokenizer, or a media model's ``MediaProcessor`` (tokenizer + processor files)."""
+        weights = full_policy_weights(self.nets.policy.network, self.world_size)
         if is_writer:
             self.nets.policy.network.save_pretrained(
                 export_dir, state_dict=weights, safe_serialization=True

@@ -10,31 +10,22 @@ import copy
 import dataclasses
 import math
 
-import numpy as np
 import pytest
 import torch
+from media_batches import TEMPERATURE, VL, backend_of, sampled_groups
 
 from relax_hpc.algo import AlgoConfig, resolve
 from relax_hpc.config.errors import ConfigError
-from relax_hpc.config.schema import ModelConfig, TrainerConfig
+from relax_hpc.config.schema import ModelConfig
 from relax_hpc.config.validate import validate_run_config
-from relax_hpc.data.media_tasks import MediaTask
 from relax_hpc.models.media_policy import build_media_policy
 from relax_hpc.models.multimodal import build_tiny_media_model
-from relax_hpc.rollout.engines.base import GenerationRequest, SamplingParams
-from relax_hpc.rollout.engines.media_engine import MediaTransformersEngine, media_request
-from relax_hpc.spool import Sample
-from relax_hpc.trainer.backend import HFNetworks, make_backend
 from relax_hpc.trainer.batch import collate
 from relax_hpc.trainer.torch_backend import ValueHead, decoder_layers
 from relax_hpc.trainer.update import prepare_step, update_critic, update_policy
 
-CPU = torch.device("cpu")
-TEMPERATURE = 1.0
 GROUPS, PER_GROUP = 2, 4
-GRPO = AlgoConfig(name="grpo")
 PPO_KL = AlgoConfig(name="ppo", kl_loss_coef=0.01)  # a critic and a reference
-VL = ModelConfig(name="tiny_vl", architecture="Qwen3VLForConditionalGeneration", modality="vision")
 
 
 @pytest.fixture(scope="module")
@@ -44,57 +35,7 @@ def policy():
 
 @pytest.fixture(scope="module")
 def groups(policy):
-    """Two groups of the shapes task, sampled by the media engine: one payload per group."""
-    model, processor = policy
-    task = MediaTask("shapes", eval_size=4)
-    engine = MediaTransformersEngine(model, processor)
-    out = []
-    for g in range(GROUPS):
-        example = task.example("train", g + 1)
-        processed = processor.process(example.messages, example.images)
-        requests = [
-            GenerationRequest(f"{g}/{j}", processed.prompt_ids, media_request(processed.payload))
-            for j in range(PER_GROUP)
-        ]
-        params = SamplingParams(temperature=TEMPERATURE, max_new_tokens=4, seed=3)
-        completions = engine.generate(requests, params)
-        out.append(
-            [
-                Sample(
-                    sample_id=c.sample_id,
-                    group_id=str(g),
-                    data_index=g,
-                    prompt_token_ids=np.asarray(c.prompt_ids, np.int32),
-                    response_token_ids=np.asarray(c.token_ids, np.int32),
-                    loss_mask=np.ones(len(c.token_ids), np.uint8),
-                    rollout_logprobs=np.asarray(c.logprobs, np.float32),
-                    reward=float(j % 2),  # every group mixed: non-zero advantages
-                    policy_version=0,
-                    finish_reason=c.finish_reason,
-                    media=processed.payload,  # one object per group, as the spool returns it
-                )
-                for j, c in enumerate(completions)
-            ]
-        )
-    return out
-
-
-def backend_of(policy, micro_batch_tokens: int, algo: AlgoConfig = GRPO, lr: float = 1e-2):
-    """A torch backend over a copy of the policy (the module's fixture stays untouched)."""
-    model, processor = policy
-    spec = resolve(algo)
-    trainer = TrainerConfig(lr=lr, critic_lr=lr, micro_batch_tokens=micro_batch_tokens)
-    backend = make_backend(trainer, CPU, torch.float32, rank=0, world_size=1)
-    hf = copy.deepcopy(model)
-    backend.build_networks(
-        HFNetworks(
-            policy=hf,
-            reference=copy.deepcopy(model) if spec.needs_reference else None,
-            critic_body=copy.deepcopy(model) if spec.needs_critic else None,
-            processor=processor,
-        )
-    )
-    return spec, backend
+    return sampled_groups(*policy, GROUPS, PER_GROUP)
 
 
 def test_rows_of_a_group_share_the_media_inputs_rebuilt_from_its_payload(policy, groups):

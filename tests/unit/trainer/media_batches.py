@@ -1,0 +1,83 @@
+"""Helpers shared by the media trainer tests: spool samples of image prompts sampled by the
+media engine (a uniquely named module, not a ``conftest.py``)."""
+
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import torch
+
+from relax_hpc.algo import AlgoConfig, AlgorithmSpec, resolve
+from relax_hpc.config.schema import ModelConfig, TrainerConfig
+from relax_hpc.data.media_tasks import MediaTask
+from relax_hpc.rollout.engines.base import GenerationRequest, SamplingParams
+from relax_hpc.rollout.engines.media_engine import MediaTransformersEngine, media_request
+from relax_hpc.spool import Sample
+from relax_hpc.trainer.backend import HFNetworks, TrainerBackend, make_backend
+
+VL = ModelConfig(name="tiny_vl", architecture="Qwen3VLForConditionalGeneration", modality="vision")
+TEMPERATURE = 1.0
+GRPO = AlgoConfig(name="grpo")
+
+
+def sampled_groups(model, processor, num_groups: int, per_group: int) -> list[list[Sample]]:
+    """Groups of the shapes task sampled by the media engine at ``TEMPERATURE``; the samples
+    of a group share one ``MediaPayload`` object, as the spool returns them; rewards
+    alternate 0/1 so that every group has non-zero advantages."""
+    engine = MediaTransformersEngine(model, processor)
+    task = MediaTask("shapes", eval_size=4)
+    params = SamplingParams(temperature=TEMPERATURE, max_new_tokens=4, seed=3)
+    groups = []
+    for g in range(num_groups):
+        example = task.example("train", g + 1)
+        processed = processor.process(example.messages, example.images)
+        requests = [
+            GenerationRequest(f"{g}/{j}", processed.prompt_ids, media_request(processed.payload))
+            for j in range(per_group)
+        ]
+        groups.append(
+            [
+                Sample(
+                    sample_id=c.sample_id,
+                    group_id=str(g),
+                    data_index=g,
+                    prompt_token_ids=np.asarray(c.prompt_ids, np.int32),
+                    response_token_ids=np.asarray(c.token_ids, np.int32),
+                    loss_mask=np.ones(len(c.token_ids), np.uint8),
+                    rollout_logprobs=np.asarray(c.logprobs, np.float32),
+                    reward=float(j % 2),
+                    policy_version=0,
+                    finish_reason=c.finish_reason,
+                    media=processed.payload,
+                )
+                for j, c in enumerate(engine.generate(requests, params))
+            ]
+        )
+    return groups
+
+
+def backend_of(
+    policy,
+    micro_batch_tokens: int,
+    algo: AlgoConfig = GRPO,
+    lr: float = 1e-2,
+    freeze_vision: bool = False,
+) -> tuple[AlgorithmSpec, TrainerBackend]:
+    """A torch backend over copies of ``policy`` = (model, processor): the networks ``algo``
+    needs (the caller's model stays untouched)."""
+    model, processor = policy
+    spec = resolve(algo)
+    trainer = TrainerConfig(
+        lr=lr, critic_lr=lr, micro_batch_tokens=micro_batch_tokens, freeze_vision=freeze_vision
+    )
+    backend = make_backend(trainer, torch.device("cpu"), torch.float32, rank=0, world_size=1)
+    backend.build_networks(
+        HFNetworks(
+            policy=copy.deepcopy(model),
+            reference=copy.deepcopy(model) if spec.needs_reference else None,
+            critic_body=copy.deepcopy(model) if spec.needs_critic else None,
+            processor=processor,
+        )
+    )
+    return spec, backend
