@@ -15,20 +15,16 @@ import subprocess
 import sys
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
-from media_engine_peer import VL, greedy_answer
+from media_engine_peer import VL, greedy_answer, sampled_groups
 from weightsync_peers import fingerprint, read_status, stop_engines, wait_until
 
 from relax_hpc.algo import AlgoConfig, resolve
 from relax_hpc.config.schema import TrainerConfig
-from relax_hpc.data.media_tasks import MediaTask
 from relax_hpc.models.media_policy import build_media_policy
 from relax_hpc.paths import RunPaths
-from relax_hpc.rollout.engines.base import GenerationRequest, SamplingParams
-from relax_hpc.rollout.engines.media_engine import MediaTransformersEngine, media_request
-from relax_hpc.spool import Sample
+from relax_hpc.rollout.engines.media_engine import MediaTransformersEngine
 from relax_hpc.trainer.backend import HFNetworks, make_backend
 from relax_hpc.trainer.batch import collate
 from relax_hpc.trainer.update import prepare_step, update_policy
@@ -38,39 +34,6 @@ PEER = Path(__file__).with_name("media_engine_peer.py")
 SEED = 1
 STARTUP_S = 90  # the engine imports torch + transformers and builds its model on 2 busy cores
 GRPO = resolve(AlgoConfig(name="grpo"))
-
-
-def sampled_groups(model, processor) -> list[list[Sample]]:
-    """Two groups of four samples of the shapes task, one payload per group."""
-    engine = MediaTransformersEngine(model, processor)
-    task = MediaTask("shapes", eval_size=4)
-    groups = []
-    for g in range(2):
-        example = task.example("train", g + 1)
-        p = processor.process(example.messages, example.images)
-        requests = [
-            GenerationRequest(f"{g}/{j}", p.prompt_ids, media_request(p.payload)) for j in range(4)
-        ]
-        completions = engine.generate(requests, SamplingParams(max_new_tokens=4, seed=3))
-        groups.append(
-            [
-                Sample(
-                    f"{g}/{j}",
-                    str(g),
-                    g,
-                    np.asarray(c.prompt_ids, np.int32),
-                    np.asarray(c.token_ids, np.int32),
-                    np.ones(len(c.token_ids), np.uint8),
-                    np.asarray(c.logprobs, np.float32),
-                    float(j % 2),
-                    0,
-                    c.finish_reason,
-                    media=p.payload,
-                )
-                for j, c in enumerate(completions)
-            ]
-        )
-    return groups
 
 
 def trained_backend(freeze_vision: bool):
