@@ -442,6 +442,12 @@ def _check_media_data(cfg: RunConfig) -> None:
                 f"data.{name}", f"must be > 0 (a limit per media item), got {getattr(data, name)}"
             )
     text_only = cfg.model.modality == "text"
+    if cfg.rollout.environment and not text_only:
+        raise ConfigError(
+            "rollout.environment",
+            "multi-turn episodes do not carry a prompt's images yet (issue #28 deliver 6); "
+            "run vision models single-turn (rollout.environment=null)",
+        )
     if data.blank_media and text_only:
         raise ConfigError(
             "data.blank_media",

@@ -21,9 +21,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from relax_hpc.data.sampler import PromptSampler
+from relax_hpc.media.payload import MediaPayload
 from relax_hpc.observe.metrics import MetricsLogger, PhaseTimer
 from relax_hpc.rollout.assignment import Chunk, GroupAssignment
 from relax_hpc.rollout.engines.base import Completion, Engine, GenerationRequest, SamplingParams
+from relax_hpc.rollout.engines.media_engine import media_request
 from relax_hpc.rollout.episodes import EpisodeRollout
 from relax_hpc.spool import Sample, ShardWriter
 
@@ -115,20 +117,18 @@ class RolloutWorker:
         prompts = [(g, self._prompt(g)) for g in chunk.groups]
         if self.episodes is not None:
             return self.episodes.generate(prompts, self.s.n_samples_per_prompt, self.params)
+        n = self.s.n_samples_per_prompt
         requests = [
-            GenerationRequest(f"{g}/{j}", record.prompt_ids)
-            for g, (_, record) in prompts
-            for j in range(self.s.n_samples_per_prompt)
+            request for g, (_, record) in prompts for request in self._group_requests(g, record, n)
         ]
         completions = self.engine.generate(requests, self.params)
-        n = self.s.n_samples_per_prompt
         records = [record for _, (_, record) in prompts for _ in range(n)]
         with self.timer.phase("score"):
             scores = self.score(list(zip(completions, records, strict=True)))
         samples = iter(zip(completions, scores, strict=True))
         return [
-            [self._sample(g, data_index, *next(samples)) for _ in range(n)]
-            for g, (data_index, _) in prompts
+            [self._sample(g, data_index, *next(samples), media=record.media) for _ in range(n)]
+            for g, (data_index, record) in prompts
         ]
 
     def write_shard(self, groups: list[list[Sample]], chunk: Chunk) -> None:
@@ -182,8 +182,20 @@ class RolloutWorker:
         self.sampler.load_state_dict(state)
         return next(self.sampler)
 
+    @staticmethod
+    def _group_requests(g: int, record, n: int) -> list[GenerationRequest]:
+        """``n`` requests of group ``g``; its media one object for all (processed once by
+        the engine, stored once per group in the shard)."""
+        multimodal = media_request(record.media) if record.media is not None else None
+        return [GenerationRequest(f"{g}/{j}", record.prompt_ids, multimodal) for j in range(n)]
+
     def _sample(
-        self, g: int, data_index: int, completion: Completion, scored: tuple[float, dict]
+        self,
+        g: int,
+        data_index: int,
+        completion: Completion,
+        scored: tuple[float, dict],
+        media: MediaPayload | None = None,
     ) -> Sample:
         reward, details = scored
         response = np.asarray(completion.token_ids, dtype=np.int32)
@@ -199,4 +211,5 @@ class RolloutWorker:
             policy_version=int(completion.policy_version),
             finish_reason=completion.finish_reason,
             reward_details=details,
+            media=media,  # the group's one payload (PromptRecord.media), shared
         )

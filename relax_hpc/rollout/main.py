@@ -10,16 +10,24 @@ import logging
 import time
 
 import torch
+from transformers.tokenization_utils_base import PreTrainedTokenizerBase
 
 from relax_hpc.checkpoint.stop import StopFlag
 from relax_hpc.config import RunConfig
 from relax_hpc.data.datasets import build_dataset
 from relax_hpc.data.sampler import PromptSampler
+from relax_hpc.media.processor import MediaProcessor
 from relax_hpc.models.build import build_causal_lm, build_tokenizer, resolve_dtype
+from relax_hpc.models.media_policy import (
+    DEFAULT_WARM_START_TASK,
+    build_media_policy,
+    is_media_model,
+)
 from relax_hpc.observe.metrics import MetricsLogger
 from relax_hpc.paths import RunPaths, atomic_write_json
 from relax_hpc.rollout.assignment import GroupAssignment, WorkerHeartbeat, worker_name
 from relax_hpc.rollout.engines.base import Engine, GenerationRequest, SamplingParams
+from relax_hpc.rollout.engines.media_engine import MediaTransformersEngine, media_request
 from relax_hpc.rollout.engines.sglang_engine import SGLangEngine
 from relax_hpc.rollout.engines.transformers_engine import TransformersEngine
 from relax_hpc.rollout.episodes import EpisodeRollout, build_episode_rollout
@@ -116,15 +124,30 @@ def engine_device(cfg: RunConfig, identity: TaskIdentity) -> torch.device:
     return torch.device("cuda", identity.local_rank * cfg.rollout.engine_tensor_parallel)
 
 
-def build_engine(cfg: RunConfig, device: torch.device) -> tuple[Engine, object]:
-    """``rollout.backend``: ``sglang`` (GPU, one engine per TP group) or ``transformers``."""
-    tokenizer = build_tokenizer(cfg.model)
+def build_engine(
+    cfg: RunConfig, device: torch.device
+) -> tuple[Engine, PreTrainedTokenizerBase, MediaProcessor | None]:
+    """``rollout.backend``: ``sglang`` (GPU, one engine per TP group) or ``transformers``;
+    for a model that reads images (``model.modality``) its ``MediaProcessor`` too (the
+    tokenizer is then the processor's), else None."""
     if cfg.rollout.backend == "sglang":
-        return build_sglang_engine(cfg, device.index or 0), tokenizer
-    model = build_causal_lm(
-        cfg.model, tokenizer, resolve_dtype(cfg.model.dtype, device), seed=cfg.seed
-    )
-    return TransformersEngine(model.to(device), tokenizer), tokenizer
+        engine = build_sglang_engine(cfg, device.index or 0)
+        processor = engine.media_processor
+        return engine, processor.tokenizer if processor else build_tokenizer(cfg.model), processor
+    dtype = resolve_dtype(cfg.model.dtype, device)
+    if is_media_model(cfg.model):
+        model, processor = build_media_policy(
+            cfg.model, dtype, seed=cfg.seed, warm_start_task=media_warm_start_task(cfg)
+        )
+        return MediaTransformersEngine(model.to(device), processor), processor.tokenizer, processor
+    tokenizer = build_tokenizer(cfg.model)
+    model = build_causal_lm(cfg.model, tokenizer, dtype, seed=cfg.seed)
+    return TransformersEngine(model.to(device), tokenizer), tokenizer, None
+
+
+def media_warm_start_task(cfg: RunConfig) -> str:
+    """The task a built-in media model warm-starts on: the run's own media task."""
+    return cfg.data.media_task if cfg.data.kind == "media_task" else DEFAULT_WARM_START_TASK
 
 
 def build_sglang_engine(cfg: RunConfig, first_gpu: int) -> SGLangEngine:
@@ -134,6 +157,7 @@ def build_sglang_engine(cfg: RunConfig, first_gpu: int) -> SGLangEngine:
             "built-in models (model.arch) run with rollout.backend=transformers"
         )
     serve_dtype = resolve_dtype(cfg.model.dtype, "cuda")  # model.dtype on a GPU: auto = bf16
+    media = MediaProcessor.from_pretrained(cfg.model.path) if is_media_model(cfg.model) else None
     return SGLangEngine(
         cfg.model.path,
         tensor_parallel=cfg.rollout.engine_tensor_parallel,
@@ -148,6 +172,7 @@ def build_sglang_engine(cfg: RunConfig, first_gpu: int) -> SGLangEngine:
             # else SGLang picks port + a random 100..1000: engines 16 ports apart could clash
             "nccl_port": SGLANG_BASE_PORT + 16 * first_gpu + 1,
         },
+        media_processor=media,
     )
 
 
@@ -267,9 +292,10 @@ def make_evaluator(
     metrics: MetricsLogger,
     paths: RunPaths,
     episodes: EpisodeRollout | None = None,
+    processor: MediaProcessor | None = None,
 ):
     """Greedy held-out eval: single completions scored by ``score``, or whole episodes."""
-    dataset = build_dataset(cfg.data, tokenizer, split="eval")
+    dataset = build_dataset(cfg.data, tokenizer, split="eval", processor=processor)
     # Rows skipped for their media (logged by the dataset) are left out and counted.
     read = [dataset[i] for i in range(min(len(dataset), cfg.data.eval_size))]
     records = [r for r in read if r is not None]
@@ -282,7 +308,12 @@ def make_evaluator(
     def measure() -> dict[str, float]:
         if episodes is not None:
             return episodes.evaluate(records, params)
-        requests = [GenerationRequest(f"eval/{i}", r.prompt_ids) for i, r in enumerate(records)]
+        requests = [
+            GenerationRequest(
+                f"eval/{i}", r.prompt_ids, media_request(r.media) if r.media is not None else None
+            )
+            for i, r in enumerate(records)
+        ]
         completions = engine.generate(requests, params)
         scores = score(list(zip(completions, records, strict=True)))
         return {"eval/accuracy": sum(value > 0.5 for value, _ in scores) / max(len(records), 1)}
@@ -316,7 +347,7 @@ def run_rollout(cfg: RunConfig, paths: RunPaths, identity: TaskIdentity) -> int:
         drained = any(path.exists() for path in drains)
         return stop.local_request() or trainer_done.exists() or drained
 
-    engine, tokenizer = build_engine(cfg, device)
+    engine, tokenizer, processor = build_engine(cfg, device)
     load, loaded_version = engine_loader(engine, paths)
     receiver = build_receiver(cfg, paths, identity, engine, loaded_version)
     weights = EngineWeights(receiver, engine, load)
@@ -354,7 +385,7 @@ def run_rollout(cfg: RunConfig, paths: RunPaths, identity: TaskIdentity) -> int:
         ),
         engine=engine,
         sampler=PromptSampler(
-            build_dataset(cfg.data, tokenizer, split="train"),
+            build_dataset(cfg.data, tokenizer, split="train", processor=processor),
             seed=cfg.seed,
             shuffle=cfg.data.shuffle,
         ),
@@ -369,7 +400,9 @@ def run_rollout(cfg: RunConfig, paths: RunPaths, identity: TaskIdentity) -> int:
         params=SamplingParams.from_config(cfg.rollout, cfg.seed),
         metrics=metrics,
         assignment=assignment,
-        evaluator=make_evaluator(cfg, engine, tokenizer, eval_score, metrics, paths, episodes)
+        evaluator=make_evaluator(
+            cfg, engine, tokenizer, eval_score, metrics, paths, episodes, processor
+        )
         if leader and cfg.rollout.eval_interval_steps > 0
         else None,
         should_stop=should_stop,

@@ -44,6 +44,10 @@ MULTIMODAL_ARGS = {"image": "image_data", "audio": "audio_data"}  # request key 
 _TRUTHY = {"1", "true", "yes", "on"}
 
 SEED_MASK = 0x7FFF_FFFF  # sampling_seed must fit SGLang's int32 seed tensor
+# Added to a media placeholder token's logit (sampling_params.logit_bias, applied by SGLang
+# before sampling and log-probs): the value of media.inputs.MASKED_LOGIT, so the policy is
+# the same distribution over the vocabulary without media tokens on every engine.
+MEDIA_TOKEN_BIAS = -1.0e9
 
 
 class SGLangResponseError(ValueError):
@@ -59,14 +63,23 @@ class SGLangCallFailed(RuntimeError):
 
 
 # --- requests -----------------------------------------------------------------------------------
+def media_logit_bias(media_token_ids: Iterable[int]) -> dict[str, float]:
+    """SGLang's ``logit_bias`` (token id as a string -> bias) masking media tokens."""
+    return {str(int(token)): MEDIA_TOKEN_BIAS for token in media_token_ids}
+
+
 def sampling_params_for(
-    params: SamplingParams, request: GenerationRequest, seeded: bool
+    params: SamplingParams,
+    request: GenerationRequest,
+    seeded: bool,
+    logit_bias: Mapping[str, float] | None = None,
 ) -> dict[str, Any]:
     """SGLang ``sampling_params`` of one request.
 
     ``no_stop_trim`` keeps the stop string in ``text``, so the text is the decoded tokens
     like the transformers engine's; ``sampling_seed`` is sent only when ``seeded`` (the
-    installed SGLang has the field).
+    installed SGLang has the field); ``logit_bias`` masks a media model's placeholder
+    tokens (``media_logit_bias``).
     """
     sglang_params: dict[str, Any] = {
         "max_new_tokens": params.max_new_tokens,
@@ -82,6 +95,8 @@ def sampling_params_for(
     if seeded:
         # SGLang packs seeds into an int32 tensor in deterministic mode: keep 31 bits.
         sglang_params["sampling_seed"] = sample_seed(params.seed, request.sample_id) & SEED_MASK
+    if logit_bias:
+        sglang_params["logit_bias"] = dict(logit_bias)
     return sglang_params
 
 
@@ -90,6 +105,7 @@ def generate_kwargs(
     params: SamplingParams,
     rids: Sequence[str],
     seeded: bool,
+    logit_bias: Mapping[str, float] | None = None,
 ) -> dict[str, Any]:
     """Keyword arguments of one batched ``sglang.Engine.generate`` call."""
     if not requests:
@@ -98,7 +114,7 @@ def generate_kwargs(
         raise ValueError("every request needs at least one prompt token")
     kwargs: dict[str, Any] = {
         "input_ids": [list(r.prompt_ids) for r in requests],
-        "sampling_params": [sampling_params_for(params, r, seeded) for r in requests],
+        "sampling_params": [sampling_params_for(params, r, seeded, logit_bias) for r in requests],
         "return_logprob": True,
         "rid": list(rids),
     }
@@ -110,7 +126,9 @@ def multimodal_kwargs(requests: Sequence[GenerationRequest]) -> dict[str, list]:
     """``image_data``/``audio_data`` lists aligned with the batch (None where a request has none).
 
     Passed through untouched: SGLang's processor accepts paths, URLs, base64 strings,
-    PIL images, or preprocessed dicts. Omitted entirely for a text-only batch.
+    PIL images, or preprocessed dicts (a media model's engine sends one
+    ``processor_output`` dict per request: ``sglang_media``). Omitted entirely for a
+    text-only batch.
     """
     for request in requests:
         unknown = set(request.multimodal or {}) - set(MULTIMODAL_ARGS)

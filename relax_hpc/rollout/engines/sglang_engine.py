@@ -52,16 +52,19 @@ from typing import Any
 
 from torch import Tensor
 
+from relax_hpc.media.processor import MediaProcessor
 from relax_hpc.rollout.engines.base import Completion, Engine, GenerationRequest, SamplingParams
 from relax_hpc.rollout.engines.sglang_adapter import (
     check_logprob_environment,
     chunks_by_bytes,
     distributed_update_args,
     generate_kwargs,
+    media_logit_bias,
     parse_completions,
     request_ids,
     require_success,
 )
+from relax_hpc.rollout.engines.sglang_media import sglang_media_requests
 
 WEIGHT_UPDATE_GROUP = "relax_hpc_weights"
 WEIGHTS_MEMORY = "weights"  # SGLang's GPU_MEMORY_TYPE_WEIGHTS
@@ -87,9 +90,12 @@ class SGLangEngine(Engine):
         extra_server_args: Mapping[str, Any] | None = None,
         launch: Callable[..., Any] | None = None,
         seeded: bool | None = None,
+        media_processor: MediaProcessor | None = None,
     ) -> None:
         """``launch(**server_args)`` builds the engine (default ``sglang.Engine``; tests
         pass a stand-in); ``seeded`` overrides the detection of ``sampling_seed``.
+        ``media_processor`` (a vision model's, from the same folder) turns requests' images
+        into SGLang processor outputs and masks the media tokens (``sglang_media``).
         ``memory_saver`` is needed for ``release_memory`` to free anything (colocation);
         ``extra_server_args`` go to SGLang's ``ServerArgs`` as they are (e.g.
         ``attention_backend``, ``disable_cuda_graph``).
@@ -125,6 +131,10 @@ class SGLangEngine(Engine):
         server_args.update(extra_server_args or {})
         self._engine = (launch or _launch_sglang)(**server_args)
         self._seeded = _sampling_seed_supported() if seeded is None else seeded
+        self.media_processor = media_processor
+        self._logit_bias = (
+            media_logit_bias(media_processor.media_token_ids) if media_processor else None
+        )
         self._num_calls = 0
         self._released: list[str] = []  # memory kinds handed to a colocated trainer
 
@@ -142,7 +152,10 @@ class SGLangEngine(Engine):
         self.resume_memory()
         self._num_calls += 1
         rids = request_ids(requests, self._num_calls)
-        outputs = self._engine.generate(**generate_kwargs(requests, params, rids, self._seeded))
+        if self.media_processor is not None:
+            requests = sglang_media_requests(requests, self.media_processor)
+        kwargs = generate_kwargs(requests, params, rids, self._seeded, self._logit_bias)
+        outputs = self._engine.generate(**kwargs)
         return parse_completions(outputs, requests, rids, params, self.policy_version)
 
     def abort_in_flight(self) -> None:

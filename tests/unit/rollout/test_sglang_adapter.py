@@ -365,7 +365,7 @@ def test_build_engine_picks_sglang_from_rollout_backend(monkeypatch, tmp_path):
     cfg = RunConfig(model=ModelConfig(name="q", path=str(tmp_path), tokenizer="char"))
     cfg.rollout.backend = "sglang"
     cfg.rollout.engine_tensor_parallel = 4
-    engine, _ = build_engine(cfg, torch.device("cpu"))
+    engine, *_ = build_engine(cfg, torch.device("cpu"))
     assert isinstance(engine, SGLangEngine)
     assert launched[0]["model_path"] == str(tmp_path) and launched[0]["tp_size"] == 4
     assert launched[0]["mem_fraction_static"] == cfg.rollout.engine_mem_fraction
@@ -381,7 +381,7 @@ def test_build_engine_picks_sglang_from_rollout_backend(monkeypatch, tmp_path):
 
 def test_transformers_backend_keeps_copying_received_tensors_into_the_model(tmp_path):
     cfg = RunConfig(model=ModelConfig(name="t", tokenizer="char", arch=TINY_ARCH))
-    engine, _ = build_engine(cfg, torch.device("cpu"))
+    engine, *_ = build_engine(cfg, torch.device("cpu"))
     assert isinstance(engine, TransformersEngine)
     load, loaded_version = engine_loader(engine, RunPaths(tmp_path).create())
     assert loaded_version is None  # every version comes through the receiver
