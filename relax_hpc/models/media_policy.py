@@ -21,13 +21,19 @@ import transformers
 from transformers import PreTrainedModel
 
 from relax_hpc.config.errors import ConfigError
-from relax_hpc.config.schema import ModelConfig
+from relax_hpc.config.schema import DataConfig, ModelConfig
 from relax_hpc.media.processor import MediaProcessor
 from relax_hpc.models.media_warmstart import MediaWarmStartConfig, media_warm_start
 from relax_hpc.models.multimodal import ARCHITECTURES, build_tiny_media_model, load_media_model
 from relax_hpc.models.warmstart import default_cache_dir
 
 DEFAULT_WARM_START_TASK = "shapes"  # data/media_tasks.py: what a tiny VL model warm-starts on
+
+
+def media_warm_start_task(data_cfg: DataConfig) -> str:
+    """The built-in media task a tiny model warm-starts on: the run's ``data.media_task``.
+    Trainer and rollout both ask here, so both warm-start (and cache) the same model."""
+    return data_cfg.media_task or DEFAULT_WARM_START_TASK
 
 
 def is_media_model(model_cfg: ModelConfig) -> bool:

@@ -19,9 +19,9 @@ from relax_hpc.data.sampler import PromptSampler
 from relax_hpc.media.processor import MediaProcessor
 from relax_hpc.models.build import build_causal_lm, build_tokenizer, resolve_dtype
 from relax_hpc.models.media_policy import (
-    DEFAULT_WARM_START_TASK,
     build_media_policy,
     is_media_model,
+    media_warm_start_task,
 )
 from relax_hpc.observe.metrics import MetricsLogger
 from relax_hpc.paths import RunPaths, atomic_write_json
@@ -137,17 +137,12 @@ def build_engine(
     dtype = resolve_dtype(cfg.model.dtype, device)
     if is_media_model(cfg.model):
         model, processor = build_media_policy(
-            cfg.model, dtype, seed=cfg.seed, warm_start_task=media_warm_start_task(cfg)
+            cfg.model, dtype, seed=cfg.seed, warm_start_task=media_warm_start_task(cfg.data)
         )
         return MediaTransformersEngine(model.to(device), processor), processor.tokenizer, processor
     tokenizer = build_tokenizer(cfg.model)
     model = build_causal_lm(cfg.model, tokenizer, dtype, seed=cfg.seed)
     return TransformersEngine(model.to(device), tokenizer), tokenizer, None
-
-
-def media_warm_start_task(cfg: RunConfig) -> str:
-    """The task a built-in media model warm-starts on: the run's own media task."""
-    return cfg.data.media_task if cfg.data.kind == "media_task" else DEFAULT_WARM_START_TASK
 
 
 def build_sglang_engine(cfg: RunConfig, first_gpu: int) -> SGLangEngine:

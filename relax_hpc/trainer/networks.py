@@ -21,10 +21,10 @@ from relax_hpc.algo import AlgorithmSpec
 from relax_hpc.config import ModelConfig, RunConfig
 from relax_hpc.models.build import build_causal_lm, build_tokenizer
 from relax_hpc.models.media_policy import (
-    DEFAULT_WARM_START_TASK,
     build_media_policy,
     is_media_model,
     load_media_policy,
+    media_warm_start_task,
 )
 from relax_hpc.trainer.backend import HFNetworks
 
@@ -78,7 +78,11 @@ def media_networks(
     """``hf_networks`` of a VL/Omni policy: networks from a path are media models of that
     folder (they share the policy's processor, so their media inputs must match)."""
     policy, processor = build_media_policy(
-        cfg.model, dtype, seed=cfg.seed, warm_start_task=media_task_name(cfg), cache_dir=cache_dir()
+        cfg.model,
+        dtype,
+        seed=cfg.seed,
+        warm_start_task=media_warm_start_task(cfg.data),
+        cache_dir=cache_dir(),
     )
 
     def from_path_or_copy(field: str, initial: torch.nn.Module | None):
@@ -95,8 +99,3 @@ def media_networks(
         processor=processor,
     )
     return networks, processor.tokenizer
-
-
-def media_task_name(cfg: RunConfig) -> str:
-    """The built-in media task a tiny model warm-starts on: the run's ``data.media_task``."""
-    return cfg.data.media_task or DEFAULT_WARM_START_TASK
