@@ -11,6 +11,7 @@ checkpoints are plain DCP state of the models and optimisers.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -28,6 +29,8 @@ from relax_hpc.trainer.backend import (
 )
 from relax_hpc.trainer.batch import TrainBatch, concat_rows, gather_response, token_budget_chunks
 from relax_hpc.trainer.media_logprobs import media_token_logprobs
+
+log = logging.getLogger(__name__)
 
 # Where transformers keeps the decoder layers: causal LMs and the Omni thinkers
 # (``model.layers``), Qwen-VL (``model.language_model.layers``), a bare VL model.
@@ -71,15 +74,36 @@ def freeze_vision_tower(model: torch.nn.Module) -> frozenset[str]:
 def shard_with_fsdp2(model: torch.nn.Module) -> torch.nn.Module:
     """FSDP2: one unit per decoder layer plus the root (gradients averaged over ranks).
 
-    Media towers stay in the root unit: a rank whose micro-batch holds no image skips the
-    tower, and a separately sharded tower would then miss its collectives on that rank.
+    Media towers stay in the root unit. A rank whose micro-batch holds no image runs no
+    tower, so its tower parameters get no gradient while another rank's do; the root's
+    reduce-scatter then reduces zeros for them (``set_reduce_scatter_unused_params``), else
+    the ranks' collectives would differ in size (gloo aborts, NCCL hangs).
     """
     from torch.distributed.fsdp import fully_shard
 
     for layer in decoder_layers(model):
         fully_shard(layer)
     fully_shard(model)
+    if has_media_tower(model):
+        if hasattr(model, "set_reduce_scatter_unused_params"):
+            model.set_reduce_scatter_unused_params(True)
+        else:  # older torch: correct only while every micro-batch of every rank has media
+            log.warning(
+                "torch %s lacks FSDP2's set_reduce_scatter_unused_params: a rank whose "
+                "micro-batch holds no image or audio would hang the others; train media "
+                "models on several ranks with a torch that has it (2.13 does), or keep every "
+                "prompt's media",
+                torch.__version__,
+            )
     return model
+
+
+def has_media_tower(model: torch.nn.Module) -> bool:
+    """Whether ``model`` holds a vision or audio tower (Qwen-VL/Omni ``visual``,
+    ``audio_tower``) that only media rows run."""
+    return any(
+        {"visual", "audio_tower"} & set(name.split(".")) for name, _ in model.named_parameters()
+    )
 
 
 def warmup_lambda(warmup_steps: int) -> Callable[[int], float]:

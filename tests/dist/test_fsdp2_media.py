@@ -1,10 +1,14 @@
 """Two FSDP2 trainer ranks (separate processes, gloo) train the tiny Qwen3-VL policy on
 image prompts: the decoder layers are sharded units, the vision tower trains in the root
 unit, and the step's weights equal a single process's (losses are normalised by global
-counts, so the number of ranks does not change the update)."""
+counts, so the number of ranks does not change the update). A rank whose micro-batch holds
+no image (its tower gets no gradient) does not break the other's reduce-scatter: without
+``set_reduce_scatter_unused_params`` gloo aborted on the size mismatch."""
 
 from __future__ import annotations
 
+import dataclasses
+import datetime
 import os
 import time
 import warnings
@@ -76,3 +80,69 @@ def test_two_fsdp2_ranks_train_a_vl_policy_as_one_process_does():
     assert any(not torch.equal(sharded[n], initial[n]) for n in tower)
     for name, value in single.items():
         torch.testing.assert_close(sharded[name], value, atol=2e-6, rtol=1e-4, msg=name)
+
+
+def uneven_rank_main(rank: int, port: int, results) -> None:
+    """Rank 0 trains on image rows, rank 1 on text-only rows of the same VL policy."""
+    warnings.filterwarnings("ignore")
+    torch.set_num_threads(1)
+    dist.init_process_group(
+        "gloo",
+        init_method=f"tcp://127.0.0.1:{port}",
+        rank=rank,
+        world_size=WORLD_SIZE,
+        timeout=datetime.timedelta(seconds=60),
+    )
+    model, processor = build_media_policy(VL, seed=1)
+    groups = sampled_groups(model, processor)
+    if rank == 1:
+        for group in groups:
+            for sample in group:
+                sample.media = None  # (its prompt ids keep their pads: no forward of them)
+    batch = collate(groups, processor.tokenizer.pad_token_id, processor)
+    trainer = TrainerConfig(lr=LR, micro_batch_tokens=10**6)
+    backend = make_backend(trainer, torch.device("cpu"), torch.float32, rank, WORLD_SIZE)
+    nets = backend.build_networks(HFNetworks(policy=model, processor=processor))
+    micro = batch.select([0, 1]) if rank == 0 else text_rows(batch, processor)
+    logprobs, _ = nets.policy.token_logprobs(micro, 1.0, with_entropy=False)
+    (logprobs * micro.response_mask_BT).sum().neg().backward()
+    nets.policy.optimizer_step()
+    weights = backend.policy_weights()
+    if rank == 0:
+        results["weights"] = {k: v.clone() for k, v in weights.items()}
+    dist.destroy_process_group()
+
+
+def text_rows(batch, processor):
+    """Two rows holding only text: the response tokens after a plain-text prompt."""
+    rows = batch.select([0, 1])
+    pads = set(processor.media_token_ids)
+    keep = [
+        [t for t in row.tolist() if t not in pads] for row in rows.input_ids_BL
+    ]  # drop the image's pads: a text-only prompt of the same task
+    length = max(map(len, keep))
+    ids = torch.full((2, length), processor.tokenizer.pad_token_id)
+    for i, row in enumerate(keep):
+        ids[i, : len(row)] = torch.tensor(row)
+    dropped = rows.input_ids_BL.shape[1] - length
+    return dataclasses.replace(
+        rows,
+        input_ids_BL=ids,
+        attention_mask_BL=rows.attention_mask_BL[:, dropped:],
+        prompt_len_B=rows.prompt_len_B - dropped,
+        media=None,
+    )
+
+
+def test_fsdp2_ranks_with_and_without_images_in_a_micro_batch_do_not_hang():
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    manager = mp.Manager()
+    results = manager.dict()
+    context = mp.spawn(uneven_rank_main, args=(free_port(), results), nprocs=WORLD_SIZE, join=False)
+    deadline = time.monotonic() + 180
+    while not context.join(timeout=5):
+        assert time.monotonic() < deadline, "ranks did not finish within 180 s"
+    weights = results["weights"]
+    initial = build_media_policy(VL, seed=1)[0].state_dict()
+    tower = [n for n in initial if n.startswith("model.visual.")]
+    assert any(not torch.equal(weights[n], initial[n]) for n in tower)
