@@ -25,6 +25,7 @@ from relax_hpc.config.schema import (
     RESUME_CHOICES,
     ROLLOUT_BACKENDS,
     TRAINER_BACKENDS,
+    ModelConfig,
     RunConfig,
     TrainerConfig,
 )
@@ -424,6 +425,9 @@ def _check_data(cfg: RunConfig) -> None:
     if cfg.data.kind in ("jsonl", "parquet") and not cfg.data.path:
         raise ConfigError("data.path", f"data.kind={cfg.data.kind} needs a path to the prompts")
     _check_media_data(cfg)
+    if cfg.model.modality != "text":
+        _check_built_in_media_model(cfg.model)
+        return
     if cfg.model.path is None and not cfg.model.arch:
         raise ConfigError(
             "model.path", "set a local Hugging Face folder, or model.arch to build from a config"
@@ -431,6 +435,18 @@ def _check_data(cfg: RunConfig) -> None:
     if cfg.model.path is None and cfg.model.tokenizer == "auto":
         raise ConfigError(
             "model.tokenizer", "a model built from model.arch needs tokenizer=char or a folder"
+        )
+
+
+def _check_built_in_media_model(model: ModelConfig) -> None:
+    """A media model without a folder is the tiny built-in one of its architecture
+    (``models/multimodal.py``): ``model.arch`` only overrides its config (empty is fine),
+    and its tokenizer is its processor's."""
+    if model.path is None and model.tokenizer != "auto":
+        raise ConfigError(
+            "model.tokenizer",
+            f"a built-in {model.modality} model brings its own tokenizer and processor "
+            "(models/multimodal.py); set model.tokenizer=auto",
         )
 
 

@@ -78,3 +78,22 @@ def test_bad_sources_name_the_field_and_the_fix(tmp_path):
     built.save_pretrained(tmp_path / "no_processor")  # weights and config, no processor files
     with pytest.raises(ConfigError, match="model.path.*preprocessor_config.json"):
         build_media_policy(vl_config(path=str(tmp_path / "no_processor")))
+
+
+def test_a_built_in_media_model_validates_with_its_own_tokenizer():
+    import dataclasses
+
+    from relax_hpc.config.compose import compose_run_config
+    from relax_hpc.config.validate import validate_run_config
+    from relax_hpc.resolve import resolve_names
+
+    cfg = compose_run_config(["+experiment=grpo_tiny"])
+    cfg.model = vl_config()  # no path, no arch (TINY_ARCH), tokenizer auto
+    validate_run_config(cfg, check_paths=False)
+    resolve_names(cfg, check_paths=False)
+    cfg.model = vl_config(tokenizer="char")
+    with pytest.raises(ConfigError, match="model.tokenizer.*set model.tokenizer=auto"):
+        validate_run_config(cfg, check_paths=False)
+    cfg.model = dataclasses.replace(vl_config(), architecture="Qwen2VLForConditionalGeneration")
+    with pytest.raises(ConfigError, match="model.architecture.*has no built-in media model"):
+        resolve_names(cfg, check_paths=False)
