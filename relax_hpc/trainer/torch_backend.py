@@ -71,6 +71,17 @@ def freeze_vision_tower(model: torch.nn.Module) -> frozenset[str]:
     return names
 
 
+def recompute_activations(model: torch.nn.Module) -> None:
+    """``trainer.activation_checkpointing``: transformers' gradient checkpointing of every
+    decoder (and tower) layer, non-reentrant (the form FSDP2 composes with)."""
+    if not getattr(model, "supports_gradient_checkpointing", False):
+        raise ValueError(
+            f"trainer.activation_checkpointing: {type(model).__name__} does not support "
+            "gradient checkpointing; set trainer.activation_checkpointing=false"
+        )
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+
+
 def shard_with_fsdp2(model: torch.nn.Module) -> torch.nn.Module:
     """FSDP2: one unit per decoder layer plus the root (gradients averaged over ranks).
 
@@ -283,6 +294,10 @@ class TorchBackend(BackendBase):
         self.frozen = freeze_vision_tower(policy) if t.freeze_vision else frozenset()
         if t.freeze_vision and critic is not None:
             freeze_vision_tower(critic)
+        if t.activation_checkpointing:  # recompute each layer's activations in backward
+            for network in (policy, critic.body if critic is not None else None):
+                if network is not None:
+                    recompute_activations(network)
         if self.world_size > 1:
             policy = shard_with_fsdp2(policy)
             critic = shard_with_fsdp2(critic) if critic is not None else None

@@ -62,14 +62,14 @@ def backend_of(
     micro_batch_tokens: int,
     algo: AlgoConfig = GRPO,
     lr: float = 1e-2,
-    freeze_vision: bool = False,
+    **trainer_fields,
 ) -> tuple[AlgorithmSpec, TrainerBackend]:
     """A torch backend over copies of ``policy`` = (model, processor): the networks ``algo``
-    needs (the caller's model stays untouched)."""
+    needs (the caller's model stays untouched); ``trainer_fields`` of ``TrainerConfig``."""
     model, processor = policy
     spec = resolve(algo)
     trainer = TrainerConfig(
-        lr=lr, critic_lr=lr, micro_batch_tokens=micro_batch_tokens, freeze_vision=freeze_vision
+        lr=lr, critic_lr=lr, micro_batch_tokens=micro_batch_tokens, **trainer_fields
     )
     backend = make_backend(trainer, torch.device("cpu"), torch.float32, rank=0, world_size=1)
     backend.build_networks(

@@ -115,6 +115,26 @@ def test_micro_batches_give_the_loss_and_gradients_of_one_batch(policy, groups):
         torch.testing.assert_close(grads_micro[name], grad, atol=1e-6, rtol=1e-4)
 
 
+def test_recomputed_activations_give_the_same_loss_and_gradients(policy, groups):
+    _, processor = policy
+    batch = collate(groups, processor.tokenizer.pad_token_id, processor)
+    results = []
+    for recompute in (False, True):
+        spec, backend = backend_of(policy, 300, PPO_KL, activation_checkpointing=recompute)
+        model = backend.nets.policy
+        assert model.network.is_gradient_checkpointing == recompute
+        assert backend.nets.critic.network.body.is_gradient_checkpointing == recompute
+        grads = spy_on_gradients(model)
+        tensors = prepare_step(spec, batch, backend.nets, TEMPERATURE)
+        metrics = update_policy(spec, batch, tensors, model, (1, 1, 0, 1), TEMPERATURE)
+        results.append((metrics["loss/actor"], grads))
+    (loss, grads), (recomputed_loss, recomputed_grads) = results
+    assert recomputed_loss == pytest.approx(loss, rel=1e-6, abs=1e-8)
+    assert any(n.startswith("model.visual.") for n in grads)
+    for name, grad in grads.items():
+        torch.testing.assert_close(recomputed_grads[name], grad, atol=1e-7, rtol=1e-5)
+
+
 def spy_on_gradients(model) -> dict[str, torch.Tensor]:
     """The gradients ``model`` holds when its optimiser steps (filled in by that step)."""
     grads: dict[str, torch.Tensor] = {}
