@@ -136,10 +136,14 @@ def start_and_run(role: str, paths: RunPaths, identity: TaskIdentity) -> int:
         identity.attempt,
         identity.launcher,
     )
+    from relax_hpc.spool.errors import ShardVersionError  # the role's libraries are there
+
     try:
         return run_role(cfg, paths, identity)
     except ConfigError as err:  # found only at run time: a model folder, a checkpoint's layout
         return config_error(paths, role, err.field, err.message)
+    except ShardVersionError as err:  # a rollout of newer code: no restart of this one helps
+        return config_error(paths, role, "spool", str(err))
 
 
 def prepare_start(role: str, paths: RunPaths):

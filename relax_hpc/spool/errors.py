@@ -19,8 +19,10 @@ class ShardCorruptError(SpoolError):
 class ShardVersionError(SpoolError):
     """A shard was written with a newer schema version than this code can read.
 
-    Not quarantined: the shard is fine, the reading code is too old. The trainer stops
-    with this error so that nothing is dropped; upgrade relax_hpc on the reading side.
+    Raised only for a header whose checksum holds (a damaged version is corruption). Not
+    quarantined: the shard is fine, the reading code is too old. The trainer stops with
+    this error as a configuration error (once, no restart) so that nothing is dropped;
+    upgrade relax_hpc on the reading side.
     """
 
 

@@ -40,6 +40,13 @@ The reader builds one ``MediaPayload`` per group and gives it to every sample of
 this layout: the schema version is unchanged (a reader of version 2 without media support
 finds datasets it did not decode and refuses the shard as corrupt; it never misreads one).
 
+Seal: the file begins with a 512-byte HDF5 user block (never read by the library) holding
+``SEAL_MAGIC``, the number of bytes after it and their CRC-32. The reader checks it before
+libhdf5 parses the file, because a flipped byte in HDF5's own metadata can crash the
+library rather than raise (a segfault reading an attribute, found by flipping every byte
+of the header region). A file without the seal (written before it) is read as before; a
+sealed file whose magic is damaged is recognised by its user block and refused.
+
 Integrity: ``checksums`` is a JSON object mapping every dataset's name to the zlib CRC-32
 of its bytes, and ``header`` to the CRC-32 of the header attributes (canonical JSON). The
 reader checks every dataset it decodes against it, and that it decodes exactly the
@@ -54,11 +61,15 @@ Concatenated arrays with offsets (no per-sample datasets) keep a shard to 17-28 
 zero-copy views. No compression:
 token ids and pixels compress poorly and the spool's budget is bandwidth, not disk.
 
-A reader accepts versions ``MIN_SCHEMA_VERSION``..``SCHEMA_VERSION``; a newer version raises
-``ShardVersionError`` (the reading code is too old). Version 1 had no checksums and is
-refused as corrupt: a shard that cannot be verified is not trusted (and a flipped version
-attribute must not switch verification off). Anything else malformed raises
-``ShardCorruptError``. Must not: touch the spool's directories (see ``layout``).
+A reader accepts versions ``MIN_SCHEMA_VERSION``..``SCHEMA_VERSION``. The header is
+trusted only when its checksum holds, so the version is judged after it: a flipped byte in
+``schema_version`` (or any header attribute) is corruption like any other, and only a
+version above ``SCHEMA_VERSION`` in a header whose checksum holds raises
+``ShardVersionError`` (the reading code is too old; the trainer stops once, as a
+configuration error). Newer schema versions must therefore keep ``checksums["header"]``
+as the CRC-32 of these seven fields (they may add attributes beside them). Version 1 had
+no checksums and is refused as corrupt: a shard that cannot be verified is not trusted.
+Anything else malformed raises ``ShardCorruptError``. Must not: touch the spool's directories (see ``layout``).
 """
 
 from __future__ import annotations
@@ -66,6 +77,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import json
+import struct
 import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -84,6 +96,12 @@ SCHEMA_VERSION = 2
 MIN_SCHEMA_VERSION = 2  # the first version with checksums
 CHECKSUMS_ATTR = "checksums"
 HEADER_CHECKSUM_KEY = "header"
+# The seal: the file's first bytes (HDF5's user block, which the library never reads) hold
+# the CRC-32 of everything after them, checked before libhdf5 parses a byte of it.
+SEAL_SIZE = 512  # the smallest HDF5 user block
+SEAL_MAGIC = b"relax_hpc.seal/1"
+_SEAL = struct.Struct("<16sQI")  # magic, bytes after the user block, their CRC-32
+_CRC_CHUNK = 1 << 22
 
 _JSON_COLUMNS = {
     "sample_id": str,
@@ -240,7 +258,7 @@ def write_shard_file(
         min_policy_version=min(versions),
         max_policy_version=max(versions),
     )
-    with h5py.File(path, "x") as h5:
+    with h5py.File(path, "x", userblock_size=SEAL_SIZE) as h5:
         h5.attrs.update(schema=SCHEMA_NAME, **dataclasses.asdict(header))
         datasets = _ChecksummedDatasets(h5)
         datasets["groups/offsets"] = _offsets([len(g) for g in groups])
@@ -248,7 +266,24 @@ def write_shard_file(
         _write_group_media(datasets, groups)
         checksums = {**datasets.checksums, HEADER_CHECKSUM_KEY: _header_checksum(header)}
         h5.attrs[CHECKSUMS_ATTR] = json.dumps(checksums, sort_keys=True)
+    seal(path)
     return header
+
+
+def seal(path: Path) -> None:
+    """Write the seal of a shard file (the writer; a tool that rewrote a shard on purpose)."""
+    with open(path, "r+b") as handle:
+        handle.seek(SEAL_SIZE)
+        length, crc = _crc_to_end(handle)
+        handle.seek(0)
+        handle.write(_SEAL.pack(SEAL_MAGIC, length, crc))
+
+
+def _crc_to_end(handle) -> tuple[int, int]:
+    length, crc = 0, 0
+    while chunk := handle.read(_CRC_CHUNK):
+        length, crc = length + len(chunk), zlib.crc32(chunk, crc)
+    return length, crc
 
 
 # --- decoding ------------------------------------------------------------------------------------
@@ -400,10 +435,18 @@ def _json_list(blob: np.ndarray, name: str, length: int) -> list[Any]:
 
 
 def _header(h5: h5py.File, source: str) -> ShardHeader:
+    """The header, trusted only once its checksum holds: then a newer version is one."""
     attrs = h5.attrs
-    if attrs.get("schema") != SCHEMA_NAME:
-        raise ShardCorruptError(f"{source}: not a relax_hpc spool shard (schema attribute)")
-    version = int(attrs.get("schema_version", -1))
+    header = _header_fields(attrs, source)
+    try:
+        stored = _stored_checksums(attrs).get(HEADER_CHECKSUM_KEY)
+    except ShardCorruptError as error:
+        raise ShardCorruptError(f"{source}: {error}") from None
+    if stored != _header_checksum(header):
+        raise ShardCorruptError(
+            f"{source}: header checksum mismatch: the shard's attributes changed"
+        )
+    version = header.schema_version
     if version > SCHEMA_VERSION:
         raise ShardVersionError(
             f"{source}: shard schema_version {version} is newer than this code reads "
@@ -414,9 +457,16 @@ def _header(h5: h5py.File, source: str) -> ShardHeader:
             f"{source}: schema_version {version} carries no payload checksums (this code reads "
             f"{MIN_SCHEMA_VERSION}..{SCHEMA_VERSION}); an unverifiable shard is not trusted"
         )
+    return header
+
+
+def _header_fields(attrs: h5py.AttributeManager, source: str) -> ShardHeader:
+    """The header attributes as stored; any that cannot be decoded is corruption."""
     try:
+        if attrs.get("schema") != SCHEMA_NAME:
+            raise ShardCorruptError(f"{source}: not a relax_hpc spool shard (schema attribute)")
         return ShardHeader(
-            schema_version=version,
+            schema_version=int(attrs["schema_version"]),
             writer_id=str(attrs["writer_id"]),
             created_unix_s=float(attrs["created_unix_s"]),
             num_groups=int(attrs["num_groups"]),
@@ -424,28 +474,30 @@ def _header(h5: h5py.File, source: str) -> ShardHeader:
             min_policy_version=int(attrs["min_policy_version"]),
             max_policy_version=int(attrs["max_policy_version"]),
         )
+    except ShardCorruptError:
+        raise
     except KeyError as error:
         raise ShardCorruptError(f"{source}: missing attribute {error}") from None
+    except Exception as error:  # a damaged attribute: h5py and numpy raise many kinds
+        detail = f"{type(error).__name__}: {error}"
+        raise ShardCorruptError(f"{source}: unreadable header attribute ({detail})") from None
 
 
-def _checksums(h5: h5py.File, header: ShardHeader) -> dict[str, int]:
-    """The stored checksums, after checking the header's own."""
+def _stored_checksums(attrs: h5py.AttributeManager) -> dict[str, int]:
     try:
-        checksums = json.loads(str(h5.attrs[CHECKSUMS_ATTR]))
+        checksums = json.loads(str(attrs[CHECKSUMS_ATTR]))
     except KeyError:
         raise ShardCorruptError(f"missing attribute {CHECKSUMS_ATTR!r}") from None
-    except json.JSONDecodeError as error:
+    except Exception as error:  # not JSON, or an attribute h5py cannot decode
         raise ShardCorruptError(f"attribute {CHECKSUMS_ATTR!r} is not JSON: {error}") from None
     if not isinstance(checksums, dict) or not all(isinstance(v, int) for v in checksums.values()):
         raise ShardCorruptError(f"attribute {CHECKSUMS_ATTR!r} is not a name -> crc32 map")
-    if checksums.get(HEADER_CHECKSUM_KEY) != _header_checksum(header):
-        raise ShardCorruptError("header checksum mismatch: the shard's attributes changed")
     return checksums
 
 
 def _read_groups(h5: h5py.File, header: ShardHeader) -> list[Group]:
     n = header.num_samples
-    cols = _Columns(h5, n, _checksums(h5, header))
+    cols = _Columns(h5, n, _stored_checksums(h5.attrs))  # the header's: checked
     group_offsets = cols.offsets("groups/offsets", n, header.num_groups + 1)
     jsons = {c: cols.json_column(f"sample/{c}", kind) for c, kind in _JSON_COLUMNS.items()}
     scalars = {c: cols.array(f"sample/{c}", t, n).tolist() for c, t in _SCALAR_COLUMNS.items()}
@@ -489,15 +541,44 @@ def _check_decoded(groups: list[Group], header: ShardHeader) -> None:
         raise ShardCorruptError("policy_version range disagrees with the header")
 
 
-def read_shard(path: Path | str) -> tuple[ShardHeader, list[Group]]:
-    """Header and groups of a shard file, validated; raises ShardCorruptError/ShardVersionError."""
-    path = Path(path)
+def _check_seal(path: Path) -> bool:
+    """True when the seal holds; False for a file without one (written before the seal, or
+    its magic damaged: ``_open`` tells them apart). A broken seal is corruption."""
+    with open(path, "rb") as handle:
+        magic, length, crc = _SEAL.unpack(handle.read(_SEAL.size).ljust(_SEAL.size, b"\0"))
+        if magic != SEAL_MAGIC:
+            return False
+        handle.seek(SEAL_SIZE)
+        found_length, found_crc = _crc_to_end(handle)
+    if found_length != length:
+        raise ShardCorruptError(f"{path.name}: truncated: {found_length} of {length} bytes")
+    if found_crc != crc:
+        raise ShardCorruptError(
+            f"{path.name}: checksum mismatch in the file's seal: its bytes changed"
+        )
+    return True
+
+
+def _open(path: Path) -> h5py.File:
+    """The shard opened by libhdf5 only after its seal held: a damaged byte in HDF5's own
+    metadata can crash the library (found: a segfault reading an attribute)."""
     try:
+        sealed = _check_seal(path)
         h5 = h5py.File(path, "r")
     except FileNotFoundError:
         raise
     except (OSError, ValueError) as error:
         raise ShardCorruptError(f"{path.name}: unreadable HDF5 ({error})") from None
+    if not sealed and h5.userblock_size:
+        h5.close()  # it was sealed: the magic itself is damaged
+        raise ShardCorruptError(f"{path.name}: the file's seal is damaged")
+    return h5
+
+
+def read_shard(path: Path | str) -> tuple[ShardHeader, list[Group]]:
+    """Header and groups of a shard file, validated; raises ShardCorruptError/ShardVersionError."""
+    path = Path(path)
+    h5 = _open(path)
     try:
         header = _header(h5, path.name)
         if header.num_groups < 1:
@@ -517,12 +598,7 @@ def read_shard(path: Path | str) -> tuple[ShardHeader, list[Group]]:
 
 
 def read_header(path: Path | str) -> ShardHeader:
-    """Only the attributes of a shard (used by listings; does not validate the datasets)."""
+    """Only the attributes of a shard (after its seal; does not decode the datasets)."""
     path = Path(path)
-    try:
-        with h5py.File(path, "r") as h5:
-            return _header(h5, path.name)
-    except FileNotFoundError:
-        raise
-    except OSError as error:
-        raise ShardCorruptError(f"{path.name}: unreadable HDF5 ({error})") from None
+    with _open(path) as h5:
+        return _header(h5, path.name)

@@ -23,11 +23,12 @@ group whose oldest sample is more than ``max_staleness`` versions behind the tra
 ``policy_version`` is dropped whole and counted, never silently. Duplicate sample ids
 (republished by a restarted rollout worker) drop their group too, also counted.
 
-Bad shards (truncated, unreadable, schema-invalid, a payload checksum mismatch, an
-unparsable name) go to ``quarantine/`` with a reason and training continues; a shard is
+Bad shards (truncated, unreadable, schema-invalid, a seal, header or payload checksum
+mismatch, an unparsable name) go to ``quarantine/`` with a reason and training continues; a shard is
 verified whole before any of its groups is handed out. Quarantines are counted in the
 ledger at once and recounted on resume from ``quarantine/`` (see ``ledger``). A shard
-from newer code raises ShardVersionError and stays where it is. Must not: write into ``ready/`` or run on more than one process.
+from newer code (its header's checksum holds) raises ShardVersionError and stays where it
+is; the trainer then stops once as a configuration error. Must not: write into ``ready/`` or run on more than one process.
 """
 
 from __future__ import annotations

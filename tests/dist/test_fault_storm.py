@@ -10,7 +10,7 @@ killed and restarted (same engine id, a new process) at random.
 
 At the end: every published sample was consumed exactly once by the surviving history or
 belongs to a corrupted shard; every corrupted shard, and no other, is in ``quarantine/``
-with a checksum reason; the final ledger counts exactly those shards and their groups
+with a checksum reason (the file's seal); the final ledger counts exactly those shards and their groups
 across the consumer's crashes; no sync took longer than the sender's bound; the steady
 receiver was never dropped and ends on the last version. Counts are printed.
 ``STORM_SEED`` picks another schedule.
@@ -171,7 +171,7 @@ def _check_spool(run: RunPaths, state_dir: Path, corrupted: dict[str, list[str]]
     assert lost <= in_corrupted, f"{len(lost - in_corrupted)} samples lost outside corrupt shards"
     quarantined = {q.name: q.reason for q in list_quarantined(SpoolLayout(run.spool_dir))}
     assert sorted(n.split("-", 1)[1] for n in quarantined) == sorted(corrupted)
-    assert all("checksum mismatch in dataset" in reason for reason in quarantined.values())
+    assert all("checksum mismatch in the file's seal" in reason for reason in quarantined.values())
     counters = json.loads(final["spool"]["spool_ledger"])["counters"]
     num_groups = sum(len({s.rsplit("-", 1)[0] for s in ids}) for ids in corrupted.values())
     assert counters.get("num_quarantined_shards", 0) == len(corrupted), counters

@@ -58,14 +58,14 @@ def test_a_flipped_payload_byte_is_quarantined_never_delivered(spool_with_a_corr
     assert read_json(state_dir / "taken.json") == _sample_ids([5]), "the corrupt shard's group"
     (quarantined,) = list_quarantined(SpoolLayout(spool_dir))
     assert quarantined.name.endswith(corrupt.name)
-    assert "checksum mismatch in dataset 'response/token_ids'" in quarantined.reason
+    assert "checksum mismatch in the file's seal" in quarantined.reason
 
 
 def test_quarantine_counts_survive_a_consumer_crash(spool_with_a_corrupt_shard):
     """The consumer quarantines B after its step-1 checkpoint and is killed before the next:
     the resumed consumer still counts B as quarantined and its 3 groups as lost, once."""
     spool_dir, state_dir, corrupt = spool_with_a_corrupt_shard
-    corrupt.write_bytes(corrupt.read_bytes()[:1000])  # truncated: unreadable HDF5
+    corrupt.write_bytes(corrupt.read_bytes()[:1000])  # truncated: the seal's length
     _run_until_killed("consume", spool_dir, state_dir)
     reader = SpoolReader(spool_dir, SpoolConfig(poll_s=0.01))
     reader.load_state_dict(read_json(state_dir / "checkpoint.json"))

@@ -2,12 +2,24 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import json
 import zlib
+from collections.abc import Iterator
+from pathlib import Path
 
+import h5py
 import numpy as np
 
 from relax_hpc.spool import AudioClip, Sample
+from relax_hpc.spool.format import (
+    CHECKSUMS_ATTR,
+    HEADER_CHECKSUM_KEY,
+    _header_checksum,
+    _header_fields,
+    seal,
+)
 
 
 def make_sample(
@@ -94,3 +106,18 @@ def assert_samples_equal(actual: Sample, expected: Sample) -> None:
                 np.testing.assert_array_equal(x.waveform, y.waveform)
         else:
             assert a == e, field.name
+
+
+@contextlib.contextmanager
+def rewritten(path: Path, header_checksum: bool = False) -> Iterator[h5py.File]:
+    """Open a shard to change it on purpose, then seal it again, so that a test reaches the
+    checks behind the seal. ``header_checksum``: also store the header's new checksum, as a
+    writer of that header would have (a genuine header, not a damaged one)."""
+    with h5py.File(path, "r+") as h5:
+        yield h5
+        if header_checksum:
+            header = _header_fields(h5.attrs, path.name)
+            checksums = json.loads(h5.attrs[CHECKSUMS_ATTR])
+            checksums[HEADER_CHECKSUM_KEY] = _header_checksum(header)
+            h5.attrs[CHECKSUMS_ATTR] = json.dumps(checksums, sort_keys=True)
+    seal(path)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shutil
+import struct
 from pathlib import Path
 
 import h5py
@@ -10,10 +11,16 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from spool_factories import assert_samples_equal, make_full_sample, make_group, make_sample
+from spool_factories import (
+    assert_samples_equal,
+    make_full_sample,
+    make_group,
+    make_sample,
+    rewritten,
+)
 
 from relax_hpc.spool import SCHEMA_VERSION, AudioClip, ShardCorruptError, ShardVersionError
-from relax_hpc.spool.format import read_header, read_shard, write_shard_file
+from relax_hpc.spool.format import SEAL_SIZE, read_header, read_shard, seal, write_shard_file
 
 
 def _write(path: Path, groups) -> Path:
@@ -117,6 +124,7 @@ def _flip_stored_byte(path: Path, dataset: str) -> None:
         byte = handle.read(1)
         handle.seek(offset + size // 2)
         handle.write(bytes([byte[0] ^ 0x10]))
+    seal(path)  # as if flipped before the seal was written: the dataset's own CRC must catch it
 
 
 def test_a_flipped_payload_byte_in_any_dataset_is_caught_and_named(tmp_path: Path) -> None:
@@ -139,7 +147,7 @@ def test_a_flipped_payload_byte_in_any_dataset_is_caught_and_named(tmp_path: Pat
 
 def test_a_changed_header_attribute_is_caught(tmp_path: Path) -> None:
     path = _write(tmp_path / "s.h5", [make_group("g")])
-    with h5py.File(path, "r+") as h5:
+    with rewritten(path) as h5:
         h5.attrs["created_unix_s"] = 1.0
     with pytest.raises(ShardCorruptError, match="header checksum mismatch"):
         read_shard(path)
@@ -147,11 +155,12 @@ def test_a_changed_header_attribute_is_caught(tmp_path: Path) -> None:
 
 def test_a_shard_without_checksums_is_not_trusted(tmp_path: Path) -> None:
     path = _write(tmp_path / "s.h5", [make_group("g")])
-    with h5py.File(path, "r+") as h5:
+    with rewritten(path) as h5:
         del h5.attrs["checksums"]
     with pytest.raises(ShardCorruptError, match="missing attribute 'checksums'"):
         read_shard(path)
-    with h5py.File(path, "r+") as h5:
+    path = _write(tmp_path / "v1.h5", [make_group("g")])
+    with rewritten(path, header_checksum=True) as h5:
         h5.attrs["schema_version"] = 1  # the version before checksums
     with pytest.raises(ShardCorruptError, match="schema_version 1 carries no payload checksums"):
         read_shard(path)
@@ -159,7 +168,7 @@ def test_a_shard_without_checksums_is_not_trusted(tmp_path: Path) -> None:
 
 def test_newer_schema_version_is_a_clear_error(tmp_path: Path) -> None:
     path = _write(tmp_path / "s.h5", [make_group("g")])
-    with h5py.File(path, "r+") as h5:
+    with rewritten(path, header_checksum=True) as h5:  # a writer of a newer version
         h5.attrs["schema_version"] = SCHEMA_VERSION + 1
     with pytest.raises(ShardVersionError, match=f"schema_version {SCHEMA_VERSION + 1} is newer"):
         read_shard(path)
@@ -177,41 +186,41 @@ def _corrupt_garbage(path: Path) -> None:
 
 
 def _corrupt_schema_name(path: Path) -> None:
-    with h5py.File(path, "r+") as h5:
+    with rewritten(path) as h5:
         h5.attrs["schema"] = "something.else"
 
 
 def _corrupt_missing_dataset(path: Path) -> None:
-    with h5py.File(path, "r+") as h5:
+    with rewritten(path) as h5:
         del h5["response/loss_mask"]
 
 
 def _corrupt_offsets(path: Path) -> None:
-    with h5py.File(path, "r+") as h5:
+    with rewritten(path) as h5:
         offsets = h5["response/offsets"][()]
         offsets[1] = offsets[-1] + 5
         h5["response/offsets"][...] = offsets
 
 
 def _corrupt_group_count(path: Path) -> None:
-    with h5py.File(path, "r+") as h5:
+    with rewritten(path) as h5:
         h5.attrs["num_groups"] = 5
 
 
 def _corrupt_dtype(path: Path) -> None:
-    with h5py.File(path, "r+") as h5:
+    with rewritten(path) as h5:
         values = h5["prompt/token_ids"][()]
         del h5["prompt/token_ids"]
         h5["prompt/token_ids"] = values.astype(np.float64)
 
 
 def _corrupt_json(path: Path) -> None:
-    with h5py.File(path, "r+") as h5:
+    with rewritten(path) as h5:
         h5["sample/metadata"][0] = ord("}")
 
 
 def _corrupt_json_types(path: Path) -> None:
-    with h5py.File(path, "r+") as h5:
+    with rewritten(path) as h5:
         del h5["sample/sample_id"]
         h5["sample/sample_id"] = np.frombuffer(b"[1, 2, 3, 4, 5]", dtype=np.uint8)
 
@@ -234,4 +243,81 @@ def test_corrupt_shards_raise_shard_corrupt_error(tmp_path: Path, corrupt) -> No
     path = _write(tmp_path / "s.h5", [make_group("g1"), make_group("g2", 2)])
     corrupt(path)
     with pytest.raises(ShardCorruptError, match="s.h5"):
+        read_shard(path)
+
+
+def _header_region(data: bytes) -> list[int]:
+    """Offsets of the seal and of every HDF5 structure that holds the shard's header: the
+    superblock, the root group's object header with its continuation blocks (the attribute
+    messages) and the global heap collection holding the attributes' strings."""
+    base = SEAL_SIZE  # HDF5 addresses are relative to the superblock, after the user block
+    root = base + struct.unpack_from("<Q", data, base + 64)[0]  # v0 superblock: root entry
+    size = struct.unpack_from("<I", data, root + 8)[0]  # v1 object header: its size
+    # The seal's fields, a sample of the user block's zero padding, then HDF5's structures
+    blocks = [(0, 32), *((offset, offset + 1) for offset in range(32, SEAL_SIZE, 53))]
+    blocks.append((SEAL_SIZE, root + 16 + size))
+    pending = [(root + 16, size)]
+    while pending:
+        start, size = pending.pop()
+        position = start
+        while position + 8 <= start + size:
+            kind, length = struct.unpack_from("<HH", data, position)
+            if kind == 0x10:  # continuation: the attributes that did not fit
+                offset, extent = struct.unpack_from("<QQ", data, position + 8)
+                blocks.append((base + offset, base + offset + extent))
+                pending.append((base + offset, extent))
+            position += 8 + length
+    heap = data.index(b"GCOL")
+    position = heap + 16
+    while struct.unpack_from("<H", data, position)[0] != 0:  # object 0: the free space
+        object_size = struct.unpack_from("<Q", data, position + 8)[0]
+        position += 16 + (object_size + 7) // 8 * 8
+    blocks.append((heap, position))
+    return sorted({offset for start, end in blocks for offset in range(start, end)})
+
+
+def test_no_flipped_byte_of_the_header_crashes_the_reader(tmp_path: Path) -> None:
+    """Issue #34: a flip in schema_version read as a newer version (a crash loop), and a
+    flip in HDF5's attribute metadata crashed libhdf5 itself (a segfault). Each flip of
+    each byte now reads correctly or is corrupt (which the reader quarantines)."""
+    groups = [make_group("g1"), make_group("g2", 2)]
+    pristine = _write(tmp_path / "pristine.h5", groups).read_bytes()
+    region = _header_region(pristine)
+    assert b"schema_version" in bytes(pristine[i] for i in region)  # the attributes are in it
+    assert len(region) > 1000
+    path, read, corrupt = tmp_path / "s.h5", 0, 0
+    for offset in region:
+        for mask in (0x01, 0xFF):
+            flipped = bytearray(pristine)
+            flipped[offset] ^= mask
+            path.write_bytes(flipped)
+            try:
+                _, got = read_shard(path)
+            except ShardCorruptError:
+                corrupt += 1
+                continue
+            read += 1
+            assert [[s.sample_id for s in g] for g in got] == [
+                [s.sample_id for s in g] for g in groups
+            ]
+    assert corrupt >= 2 * sum(offset >= SEAL_SIZE for offset in region)  # past the seal
+    assert read > 0  # flips in the user block's padding change nothing
+
+
+def test_a_damaged_version_is_corruption_and_a_genuine_newer_one_is_not(tmp_path: Path) -> None:
+    path = _write(tmp_path / "s.h5", [make_group("g")])
+    with rewritten(path) as h5:  # the issue's flip: 2 -> 72057594037927938 (bit 56)
+        h5.attrs["schema_version"] = SCHEMA_VERSION | 1 << 56
+    with pytest.raises(ShardCorruptError, match="header checksum mismatch"):
+        read_shard(path)
+    with pytest.raises(ShardCorruptError, match="header checksum mismatch"):
+        read_header(path)
+
+
+def test_a_sealed_file_with_a_damaged_magic_is_refused(tmp_path: Path) -> None:
+    path = _write(tmp_path / "s.h5", [make_group("g")])
+    data = bytearray(path.read_bytes())
+    data[0] ^= 0x20  # the rest of the file is intact and opens
+    path.write_bytes(data)
+    with pytest.raises(ShardCorruptError, match="seal is damaged"):
         read_shard(path)

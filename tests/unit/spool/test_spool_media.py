@@ -15,7 +15,7 @@ from spool_factories import make_group
 from relax_hpc.media.payload import MediaPayload
 from relax_hpc.spool import ShardCorruptError, ShardWriter, SpoolConfig, SpoolReader
 from relax_hpc.spool.cli import inspect_lines
-from relax_hpc.spool.format import read_shard, write_shard_file
+from relax_hpc.spool.format import read_shard, seal, write_shard_file
 from relax_hpc.spool.layout import SpoolLayout
 from relax_hpc.spool.quarantine import list_quarantined
 
@@ -138,6 +138,7 @@ def _flip_stored_byte(path: Path, dataset: str) -> None:
         byte = handle.read(1)
         handle.seek(offset + size // 2)
         handle.write(bytes([byte[0] ^ 0x10]))
+    seal(path)  # as if flipped before the seal was written: the dataset's own CRC must catch it
 
 
 def test_a_flipped_byte_in_any_media_dataset_is_caught(tmp_path: Path) -> None:

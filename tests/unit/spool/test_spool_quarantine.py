@@ -25,7 +25,7 @@ def test_requeue_after_a_fix_delivers_the_shard(tmp_path: Path) -> None:
     with pytest.raises(TimeoutError):
         reader.next_batch(1, policy_version=0, timeout_s=0.05)
     (quarantined,) = list_quarantined(layout)
-    assert "unreadable HDF5" in quarantined.reason and quarantined.quarantined_unix_s is not None
+    assert "truncated" in quarantined.reason and quarantined.quarantined_unix_s is not None
     (layout.quarantine_dir / quarantined.name).write_bytes(good_bytes)  # the operator's fix
     assert requeue(layout) == [path.name]
     assert list_names(layout.quarantine_dir, suffix="") == []
