@@ -1,4 +1,4 @@
-"""The dependency rules of HOUSE_STYLE.md, checked on the source tree."""
+"""The dependency rules of docs/architecture.md (its "Rules" paragraph), on the source tree."""
 
 from __future__ import annotations
 

@@ -47,3 +47,43 @@ def test_each_row_spells_its_path():
         regex = re.sub(r"<\w+>", ".+", re.escape(pattern).replace(r"\<", "<").replace(r"\>", ">"))
         relative = str(path.relative_to(ROOT))
         assert re.fullmatch(regex, relative), f"{name}: the doc says {pattern}, it is {relative}"
+
+
+REPO = DOC.parents[1]
+PACKAGE = REPO / "relax_hpc"
+PACKAGES_SECTION = re.compile(r"^## Packages and the seams between them$(.*?)^## ", re.M | re.S)
+NAMED_PATH = re.compile(r"`([\w/.]+?(?:\.py|/))(?::\w+)?`")
+TABLE_ROW = re.compile(r"^\| `([\w/.]+)`")
+
+
+def named_paths() -> dict[str, Path | None]:
+    """Every file or folder the package map names -> where it is (None: nowhere).
+
+    A name is looked up from the repository, from ``relax_hpc/``, and from the package of
+    its table row (the rollout row's ``engines/`` is ``relax_hpc/rollout/engines/``)."""
+    match = PACKAGES_SECTION.search(DOC.read_text(encoding="utf-8"))
+    assert match, "docs/architecture.md lost its package map"
+    found: dict[str, Path | None] = {}
+    for line in match.group(1).splitlines():
+        row = TABLE_ROW.match(line)
+        bases = [REPO, PACKAGE] + ([PACKAGE / row[1]] if row and row[1].endswith("/") else [])
+        for name in NAMED_PATH.findall(line):
+            places = [base / name for base in bases]
+            found[name] = next((p.resolve() for p in places if p.exists()), None)
+    return found
+
+
+def test_every_module_the_map_names_exists():
+    named = named_paths()
+    assert len(named) > 25  # the map really is read
+    assert sorted(n for n, where in named.items() if where is None) == [], (
+        "docs/architecture.md names these, which do not exist (renamed or moved?)"
+    )
+
+
+def test_every_package_and_top_level_module_is_on_the_map():
+    named = {where for where in named_paths().values() if where is not None}
+    packages = {init.parent.resolve() for init in PACKAGE.rglob("__init__.py")} - {PACKAGE}
+    modules = {m.resolve() for m in PACKAGE.glob("*.py") if m.name != "__init__.py"}
+    missing = sorted(str(p.relative_to(PACKAGE)) for p in (packages | modules) - named)
+    assert missing == [], "name these in docs/architecture.md's package map"
