@@ -17,7 +17,9 @@ Must not: know about RL, the run directory layout, or the engines.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import fcntl
 import hashlib
 import json
 import logging
@@ -27,7 +29,7 @@ import random
 import shutil
 import tempfile
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -44,6 +46,7 @@ from relax_hpc.paths import fsync_file
 log = logging.getLogger(__name__)
 
 CACHE_DIR_ENV = "RELAX_HPC_CACHE_DIR"
+LOCKS_DIR = ".locks"  # in a cache folder: one lock file per warm start being trained
 WARMSTART_VERSION = 2  # bump when the training recipe below changes
 METADATA_NAME = "warmstart.json"
 
@@ -118,17 +121,39 @@ def cached_training(
     if (folder / METADATA_NAME).is_file():
         log.info("%s: cached at %s", prefix, folder)
         return folder
-    started = time.monotonic()
-    model, saver, final_loss = train()
-    metadata = {
-        "key": key,
-        "inputs": key_fields,
-        "final_loss": final_loss,
-        "train_s": round(time.monotonic() - started, 2),
-        **(measure(model) if measure else {}),
-    }
-    log.info("%s: trained in %.1f s, loss %.4f", prefix, metadata["train_s"], final_loss)
-    return _publish(folder, model, saver, metadata)
+    # Processes that need a warm start at once (a media run's trainer and rollout both build
+    # it) train it once: the others wait on its lock, then read the cache.
+    with _training_lock(folder):
+        if (folder / METADATA_NAME).is_file():
+            log.info("%s: cached at %s (trained by another process)", prefix, folder)
+            return folder
+        started = time.monotonic()
+        model, saver, final_loss = train()
+        metadata = {
+            "key": key,
+            "inputs": key_fields,
+            "final_loss": final_loss,
+            "train_s": round(time.monotonic() - started, 2),
+            **(measure(model) if measure else {}),
+        }
+        log.info("%s: trained in %.1f s, loss %.4f", prefix, metadata["train_s"], final_loss)
+        return _publish(folder, model, saver, metadata)
+
+
+@contextlib.contextmanager
+def _training_lock(folder: Path) -> Iterator[None]:
+    """``flock`` on ``.locks/<folder name>`` in the cache (a lock file is never deleted: a
+    waiter could hold the old one while a newcomer locks a new one). Where the filesystem
+    has no ``flock`` (some Lustre mounts) every process trains and the first to publish
+    wins."""
+    locks = folder.parent / LOCKS_DIR
+    locks.mkdir(parents=True, exist_ok=True)
+    with open(locks / folder.name, "a") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX)
+        except OSError as error:
+            log.warning("warm start: no lock for %s (%s); training without it", folder, error)
+        yield  # closing the file releases the lock
 
 
 @dataclass(frozen=True)

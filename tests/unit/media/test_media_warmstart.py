@@ -15,6 +15,7 @@ from relax_hpc.models.media_warmstart import (
     supervised_media_batch,
 )
 from relax_hpc.models.multimodal import build_tiny_media_model, load_media_model
+from relax_hpc.models.warmstart import LOCKS_DIR
 
 RECIPE = MediaWarmStartConfig(steps=2, batch_size=4, warmup_steps=1)
 
@@ -23,7 +24,8 @@ def test_warm_start_is_cached_keyed_and_loads_as_its_model_class(tmp_path):
     folder = media_warm_start("qwen3_vl", "shapes", tmp_path, RECIPE)
     metadata = json.loads((folder / "warmstart.json").read_text())
     assert metadata["inputs"]["recipe"]["steps"] == 2 and metadata["inputs"]["task"] == "shapes"
-    assert [p.name for p in tmp_path.iterdir()] == [folder.name]  # no temp folder left
+    names = [p.name for p in tmp_path.iterdir() if p.name != LOCKS_DIR]
+    assert names == [folder.name]  # no temp folder left
     mtime = (folder / "model.safetensors").stat().st_mtime_ns
     assert media_warm_start("qwen3_vl", "shapes", tmp_path, RECIPE) == folder
     assert (folder / "model.safetensors").stat().st_mtime_ns == mtime  # not trained again

@@ -12,6 +12,7 @@ from relax_hpc.config.schema import ModelConfig
 from relax_hpc.models.media_policy import build_media_policy, is_media_model
 from relax_hpc.models.media_warmstart import MediaWarmStartConfig
 from relax_hpc.models.multimodal import save_media_model, tiny_processor
+from relax_hpc.models.warmstart import LOCKS_DIR
 
 VL = "Qwen3VLForConditionalGeneration"
 
@@ -51,13 +52,13 @@ def test_warm_start_is_cached_and_loaded_from_the_cache(tmp_path):
     recipe = MediaWarmStartConfig(steps=2, batch_size=4, warmup_steps=1)
     cfg = vl_config(warm_start=True)
     model, processor = build_media_policy(cfg, cache_dir=tmp_path, warm_start_recipe=recipe)
-    (folder,) = tmp_path.iterdir()
+    (folder,) = (p for p in tmp_path.iterdir() if p.name != LOCKS_DIR)
     assert json.loads((folder / "warmstart.json").read_text())["inputs"]["task"] == "shapes"
     assert type(model).__name__ == VL
     fresh, _ = build_media_policy(vl_config(), seed=recipe.seed)
     assert not same_weights(model, fresh)  # trained
     again, _ = build_media_policy(cfg, cache_dir=tmp_path, warm_start_recipe=recipe)
-    assert same_weights(model, again) and len(list(tmp_path.iterdir())) == 1
+    assert same_weights(model, again) and len(list(tmp_path.iterdir())) == 2  # + .locks
     assert processor.fingerprint == tiny_processor("qwen3_vl").fingerprint
 
 
@@ -97,3 +98,33 @@ def test_a_built_in_media_model_validates_with_its_own_tokenizer():
     cfg.model = dataclasses.replace(vl_config(), architecture="Qwen2VLForConditionalGeneration")
     with pytest.raises(ConfigError, match="model.architecture.*has no built-in media model"):
         resolve_names(cfg, check_paths=False)
+
+
+@pytest.mark.slow
+def test_two_processes_needing_the_warm_start_train_it_once(tmp_path):
+    """A media run's trainer and rollout both build the warm start as they start (on 2
+    cores they both trained it, 83 s each, before the lock)."""
+    import subprocess
+    import sys
+
+    script = (
+        "import logging, sys\n"
+        "logging.basicConfig(level=logging.INFO)\n"
+        "from relax_hpc.config.schema import ModelConfig\n"
+        "from relax_hpc.models.media_policy import build_media_policy\n"
+        "from relax_hpc.models.media_warmstart import MediaWarmStartConfig\n"
+        "cfg = ModelConfig(name='v', architecture='Qwen3VLForConditionalGeneration',"
+        " modality='vision', warm_start=True)\n"
+        "recipe = MediaWarmStartConfig(steps=20, batch_size=4, warmup_steps=1)\n"
+        "build_media_policy(cfg, cache_dir=sys.argv[1], warm_start_recipe=recipe)\n"
+    )
+    runs = [
+        subprocess.Popen(
+            [sys.executable, "-c", script, str(tmp_path)], stderr=subprocess.PIPE, text=True
+        )
+        for _ in range(2)
+    ]
+    logs = [run.communicate(timeout=300)[1] for run in runs]
+    assert [run.returncode for run in runs] == [0, 0], logs
+    trained = [log for log in logs if "media-warmstart: trained in" in log]
+    assert len(trained) == 1, logs  # the other waited, then read the cache
