@@ -271,6 +271,11 @@ class RunPaths:
         return self.status_dir / "trainer.json"
 
     @property
+    def warm_start_status(self) -> Path:
+        """The supervised warm start's progress (step, loss) while it trains, before step 1."""
+        return self.status_dir / "warm_start.json"
+
+    @property
     def trainer_done(self) -> Path:
         """Written by the trainer after its final checkpoint and export: the run is complete."""
         return self.status_dir / "trainer_done.json"

@@ -61,7 +61,7 @@ class ProgressReporter:
     def line(self) -> str | None:
         status = read_json(self.paths.trainer_status, default=None)
         if not status:
-            return None
+            return self.warm_start_line()
         step, now = int(status["step"]), self.clock()
         if self.first is None or step < self.first[1]:
             self.first = (now, step)
@@ -70,12 +70,22 @@ class ProgressReporter:
         metrics = status.get("metrics", {})
         evals = read_json(self.paths.eval_history, default={}).get("history", [])
         accuracy = f" | eval {evals[-1]['accuracy']:.1%}" if evals else ""
-        width = 20
-        filled = int(width * step / max(self.total_steps, 1))
-        bar = "#" * filled + "." * (width - filled)
         return (
-            f"[{bar}] step {step}/{self.total_steps} | reward {metrics.get('reward/mean', 0.0):.3f}"
+            f"[{_bar(step, self.total_steps)}] step {step}/{self.total_steps} | reward {metrics.get('reward/mean', 0.0):.3f}"
             f"{accuracy}{self.episodes()} | {rate:.2f} steps/s | ETA {eta}"
+        )
+
+    def warm_start_line(self) -> str | None:
+        """Before step 1: the supervised warm start's progress (``WarmStartStatus``)."""
+        status = read_json(self.paths.warm_start_status, default=None)
+        if not isinstance(status, dict) or not status.get("total_steps"):
+            return None
+        step, total, elapsed = status["step"], status["total_steps"], status["elapsed_s"]
+        eta = f"{(total - step) * elapsed / step:.0f} s" if step and elapsed else "?"
+        loss = f"{status['loss']:.3f}" if status.get("loss") is not None else "?"
+        return (
+            f"[{_bar(step, total)}] {status['phase']}: step {step}/{total} | loss {loss} "
+            f"| ETA {eta} (then RL, {self.total_steps} steps)"
         )
 
     def episodes(self) -> str:
@@ -114,3 +124,8 @@ class ProgressReporter:
                 self.write(text)
         elif self.first is not None:
             self.stream.write("\n")
+
+
+def _bar(done: int, total: int, width: int = 20) -> str:
+    filled = int(width * done / max(total, 1))
+    return "#" * filled + "." * (width - filled)

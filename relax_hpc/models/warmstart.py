@@ -18,6 +18,7 @@ Must not: know about RL, the run directory layout, or the engines.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import dataclasses
 import fcntl
 import hashlib
@@ -272,6 +273,26 @@ class SupervisedRecipe(Protocol):
 SupervisedBatch = Mapping[str, torch.Tensor] | Sequence[tuple[Mapping[str, torch.Tensor], float]]
 
 
+# (step, total steps, loss) -> None: who is told of each supervised step's progress (the
+# trainer's status file, for the console's progress line); set by ``progress_reports``.
+ProgressReport = Callable[[int, int, float], None]
+_PROGRESS: contextvars.ContextVar[ProgressReport | None] = contextvars.ContextVar(
+    "warm_start_progress", default=None
+)
+REPORT_EVERY_STEPS = 10
+
+
+@contextlib.contextmanager
+def progress_reports(report: ProgressReport) -> Iterator[None]:
+    """Every warm start trained inside (whichever recipe, however deep) tells ``report``
+    its progress every ``REPORT_EVERY_STEPS`` steps and at its last step."""
+    token = _PROGRESS.set(report)
+    try:
+        yield
+    finally:
+        _PROGRESS.reset(token)
+
+
 def fit_supervised(
     model: PreTrainedModel,
     cfg: SupervisedRecipe,
@@ -295,6 +316,9 @@ def fit_supervised(
         schedule.step()
         if (step + 1) % log_every_steps == 0:
             log.info("warm start: step %d/%d, loss %.4f", step + 1, cfg.steps, loss.item())
+        report = _PROGRESS.get()
+        if report is not None and ((step + 1) % REPORT_EVERY_STEPS == 0 or step + 1 == cfg.steps):
+            report(step + 1, cfg.steps, loss.item())
     model.eval()
     return loss.item()
 

@@ -6,6 +6,7 @@ One ``MetricsLogger`` per process. Metric names follow one vocabulary across rol
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 from collections.abc import Iterator, Mapping
@@ -66,3 +67,31 @@ class MetricsLogger:
     def close(self) -> None:
         if self.writer is not None:
             self.writer.close()
+
+
+class WarmStartStatus:
+    """``status/warm_start.json``: the supervised warm start's progress before step 1, for
+    the console's progress line (``launch/summary.py``). At most one write per
+    ``interval_s``, and always the last step's."""
+
+    def __init__(self, path: Path, interval_s: float = 1.0, clock=time.monotonic) -> None:
+        self.path, self.interval_s, self.clock = path, interval_s, clock
+        self.started = clock()
+        self.last_write = -math.inf
+
+    def __call__(self, step: int, total_steps: int, loss: float) -> None:
+        now = self.clock()
+        if now - self.last_write < self.interval_s and step < total_steps:
+            return
+        self.last_write = now
+        record = {
+            "phase": "warm start",
+            "step": step,
+            "total_steps": total_steps,
+            "loss": loss if math.isfinite(loss) else None,
+            "elapsed_s": round(now - self.started, 3),
+            "time": time.time(),
+        }
+        # Progress is for people: a status that cannot be written never stops training.
+        with contextlib.suppress(OSError):
+            atomic_write_json(self.path, record)

@@ -9,6 +9,7 @@ A model that reads images or audio (``model.modality``) is built by
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import os
@@ -26,6 +27,8 @@ from relax_hpc.models.media_policy import (
     load_media_policy,
     media_warm_start_task,
 )
+from relax_hpc.observe.metrics import WarmStartStatus
+from relax_hpc.paths import RunPaths
 from relax_hpc.trainer.backend import HFNetworks
 
 
@@ -41,8 +44,19 @@ def initial_model_config(cfg: RunConfig) -> ModelConfig:
     from relax_hpc.models.agent_warmstart import policy_warm_start
     from relax_hpc.models.warmstart import warm_started_model_config
 
-    folder = policy_warm_start(cfg.model, cfg.data, cfg.rollout.environment, cache_dir())
+    with warm_start_progress(cfg):
+        folder = policy_warm_start(cfg.model, cfg.data, cfg.rollout.environment, cache_dir())
     return warm_started_model_config(cfg.model, folder)
+
+
+def warm_start_progress(cfg: RunConfig) -> contextlib.AbstractContextManager:
+    """A warm start trained inside reports to the run's status: the console's progress line
+    shows it before step 1 (``launch/summary.py``)."""
+    from relax_hpc.models.warmstart import progress_reports
+
+    if not cfg.run_dir:
+        return contextlib.nullcontext()
+    return progress_reports(WarmStartStatus(RunPaths(cfg.run_dir).warm_start_status))
 
 
 def hf_networks(cfg: RunConfig, spec: AlgorithmSpec, dtype: torch.dtype) -> tuple[HFNetworks, Any]:
@@ -77,13 +91,14 @@ def media_networks(
 ) -> tuple[HFNetworks, Any]:
     """``hf_networks`` of a VL/Omni policy: networks from a path are media models of that
     folder (they share the policy's processor, so their media inputs must match)."""
-    policy, processor = build_media_policy(
-        cfg.model,
-        dtype,
-        seed=cfg.seed,
-        warm_start_task=media_warm_start_task(cfg.data),
-        cache_dir=cache_dir(),
-    )
+    with warm_start_progress(cfg):
+        policy, processor = build_media_policy(
+            cfg.model,
+            dtype,
+            seed=cfg.seed,
+            warm_start_task=media_warm_start_task(cfg.data),
+            cache_dir=cache_dir(),
+        )
 
     def from_path_or_copy(field: str, initial: torch.nn.Module | None):
         path = getattr(cfg.model, field)

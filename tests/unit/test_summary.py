@@ -6,6 +6,7 @@ import io
 
 from relax_hpc.launch.outcome import StartEnd
 from relax_hpc.launch.summary import ProgressReporter, summary_lines
+from relax_hpc.observe.metrics import WarmStartStatus
 from relax_hpc.paths import RunPaths, atomic_write_json
 
 
@@ -102,3 +103,21 @@ def test_a_log_file_ends_with_the_last_progress_line(tmp_path, fake_clock):
     assert "step 10/10" not in stream.getvalue()
     reporter.close()
     assert stream.getvalue().splitlines()[-1].startswith("relax_hpc: [####################] step 10/10")
+
+
+def test_the_warm_start_shows_on_the_progress_line_until_step_1(tmp_path, fake_clock):
+    paths = RunPaths(tmp_path).create()
+    clock = fake_clock(now=0.0)
+    reporter = ProgressReporter(paths, total_steps=60, stream=io.StringIO(), clock=clock)
+    status = WarmStartStatus(paths.warm_start_status, interval_s=1.0, clock=clock)
+    clock.now = 20.0
+    status(300, 1200, 0.6123)
+    clock.now = 20.5
+    status(310, 1200, 0.6)  # within the interval: not written
+    line = reporter.line()
+    assert "warm start: step 300/1200 | loss 0.612 | ETA 60 s (then RL, 60 steps)" in line
+    assert line.startswith("[#####...............]")
+    status(1200, 1200, 0.25)  # the last step is always written
+    assert "step 1200/1200 | loss 0.250 | ETA 0 s" in reporter.line()
+    atomic_write_json(paths.trainer_status, {"step": 1, "metrics": {"reward/mean": 0.5}})
+    assert "step 1/60" in reporter.line()  # training has begun: its line, not the warm start's

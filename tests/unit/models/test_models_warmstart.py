@@ -70,3 +70,27 @@ def test_warm_start_refuses_other_data_or_a_model_path(tmp_path):
         warm_start(MODEL, DataConfig(kind="jsonl"), tmp_path, RECIPE)
     with pytest.raises(ValueError, match="model.path"):
         warm_start(dataclasses.replace(MODEL, path="x"), DATA, tmp_path, RECIPE)
+
+
+def test_a_warm_start_reports_its_progress_to_whoever_listens(tmp_path):
+    reports = []
+    recipe = dataclasses.replace(RECIPE, steps=12)
+    with warmstart.progress_reports(lambda *progress: reports.append(progress)):
+        warm_start(MODEL, DATA, tmp_path, recipe)
+    assert [(step, total) for step, total, _ in reports] == [(10, 12), (12, 12)]
+    assert all(loss > 0 for _, _, loss in reports)
+    warm_start(MODEL, DATA, tmp_path, recipe)  # cached, and nobody listens: no reports
+    assert len(reports) == 2
+
+
+def test_the_trainers_warm_start_writes_the_runs_status(tmp_path):
+    from relax_hpc.config.schema import RunConfig
+    from relax_hpc.paths import RunPaths, read_json
+    from relax_hpc.trainer.networks import warm_start_progress
+
+    run = RunPaths(tmp_path / "run").create()
+    with warm_start_progress(RunConfig(name="t", run_dir=str(run.root))):
+        warm_start(MODEL, DATA, tmp_path / "cache", dataclasses.replace(RECIPE, steps=10))
+    status = read_json(run.warm_start_status)
+    assert (status["phase"], status["step"], status["total_steps"]) == ("warm start", 10, 10)
+    assert status["loss"] > 0 and status["elapsed_s"] >= 0
