@@ -21,11 +21,13 @@ import argparse
 import contextlib
 import dataclasses
 import logging
+import os
 import re
 import sys
 import time
 
 from relax_hpc import exitcodes
+from relax_hpc.launch.keeper import KEPT_VAR
 from relax_hpc.paths import RunPaths, atomic_write_json
 from relax_hpc.runtime import TaskIdentity, stop_when_orphaned
 
@@ -101,12 +103,15 @@ def record_task_error(paths: RunPaths, role: str, identity: TaskIdentity, err: E
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(sys.argv[1:] if argv is None else argv)
+    argv = sys.argv[1:] if argv is None else argv
+    args = parse_args(argv)
     identity = dataclasses.replace(TaskIdentity.from_environ(), pool=args.pool)
     stop_when_orphaned()
     configure_logging(args.role, identity)
     paths = RunPaths(args.run_dir)
-    if identity.pool is not None:  # an extra pool's worker: its own supervisor restarts it
+    if args.role == "rollout" and KEPT_VAR not in os.environ:
+        return keep_rollout(paths, identity, argv)
+    if identity.pool is not None:  # an extra pool's worker: its keeper restarts it in place
         return start_and_run(args.role, paths, identity)
     with contextlib.suppress(OSError):  # an earlier start's record
         paths.task_error(args.role, identity.rank).unlink(missing_ok=True)
@@ -144,6 +149,18 @@ def start_and_run(role: str, paths: RunPaths, identity: TaskIdentity) -> int:
         return config_error(paths, role, err.field, err.message)
     except ShardVersionError as err:  # a rollout of newer code: no restart of this one helps
         return config_error(paths, role, "spool", str(err))
+
+
+def keep_rollout(paths: RunPaths, identity: TaskIdentity, argv: list[str]) -> int:
+    """A rollout task is a keeper that runs the worker and restarts it in place when it
+    crashes or hangs (``launch/keeper.py``); the worker is this command run again."""
+    from relax_hpc.config import ConfigError
+    from relax_hpc.launch.keeper import keep_rollout_task
+
+    try:
+        return keep_rollout_task(paths, identity, argv)
+    except ConfigError as err:
+        return config_error(paths, "rollout", err.field, err.message)
 
 
 def prepare_start(role: str, paths: RunPaths):

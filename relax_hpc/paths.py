@@ -188,6 +188,11 @@ class RunPaths:
         in-flight groups and leave (``relax_hpc.scale drain``)."""
         return self.control_dir / "drain" / f"{name}"
 
+    def restart_request(self, worker: str) -> Path:
+        """Present when the run watcher asked rollout worker ``worker``'s keeper to restart
+        it (a stall it traced to that worker); the keeper removes it when it acts."""
+        return self.control_dir / "restart" / f"{worker}"
+
     @property
     def cancel_request(self) -> Path:
         """Present when an operator asked for a clean stop (``relax_hpc.cancel``)."""
@@ -365,6 +370,12 @@ class RunPaths:
     def miniature_data_dir(self) -> Path:
         """A miniature run's few rows of data, in the recipe's schema (``relax_hpc.miniature``)."""
         return self.root / "miniature"
+
+    @property
+    def component_failure(self) -> Path:
+        """Written by a rollout task's keeper that gave up restarting its worker
+        (``rollout.max_restarts``): this start ends as failed, not requeued."""
+        return self.status_dir / "component_failed.json"
 
     @property
     def config_error(self) -> Path:

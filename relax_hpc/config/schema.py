@@ -137,6 +137,12 @@ class RolloutConfig:
     # A worker's claims on prompt groups (rollout/assignment.py) pass to another worker when
     # its heartbeat (every claim_lease_s / 4) is this old: it died or hangs.
     claim_lease_s: float = 120.0
+    # A worker that crashes, or hangs (its heartbeat older than claim_lease_s), is restarted
+    # in place by its task's keeper (launch/keeper.py) while the trainer trains: at most this
+    # many times per task, after a backoff that doubles from restart_backoff_s; one more
+    # failure ends the run as failed (no restart can be expected to help).
+    max_restarts: int = 3
+    restart_backoff_s: float = 2.0
     # Multi-turn (agentic) rollouts (docs/agents.md). null: one completion per sample, scored
     # by rollout.reward. Else a built-in environment (calculator | guess_number |
     # python_math) or a user's package.module:Class, resolved at submit; it rewards its own
@@ -247,6 +253,7 @@ ALERT_EVENTS = (
     "requeued",
     "resumed",
     "stalled",
+    "recovered",
     "failed",
     "cancelled",
     "finished",

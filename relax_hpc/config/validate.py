@@ -115,6 +115,8 @@ def _check_positive(cfg: RunConfig) -> None:
         "rollout.gpus_per_node": cfg.rollout.gpus_per_node,
         "max_staleness": cfg.max_staleness,
         "cluster.max_restarts": cfg.cluster.max_restarts,
+        "rollout.max_restarts": cfg.rollout.max_restarts,
+        "rollout.restart_backoff_s": cfg.rollout.restart_backoff_s,
         "cluster.signal_grace_s": cfg.cluster.signal_grace_s,
         "cluster.run_lock_wait_s": cfg.cluster.run_lock_wait_s,
         "trainer.warmup_steps": cfg.trainer.warmup_steps,

@@ -3,7 +3,8 @@
 The supervisor mirrors the sbatch script: one process per task, output to the same
 per-task log files, Ctrl-C / SIGTERM forwarded so that the trainer checkpoints, the other
 role stopped once one role ends, and a bounded number of automatic restarts when the
-trainer crashed. How each start ends is ``launch/outcome.py``'s decision, as in the batch
+trainer crashed. A rollout task is a keeper that restarts its own worker in place when it
+crashes or hangs, so the trainer keeps training (``launch/keeper.py``). How each start ends is ``launch/outcome.py``'s decision, as in the batch
 script; here a signal to the supervisor is the user's stop request (no requeue). The run
 watcher (alerts, cost ledger) runs as a thread of this supervisor, never of a task.
 """
@@ -24,6 +25,7 @@ from relax_hpc import exitcodes
 from relax_hpc.launch.outcome import (
     StartEnd,
     decide_end,
+    recorded_component_failure,
     recorded_config_error,
     repeated_start_error,
 )
@@ -108,6 +110,7 @@ class LocalExecutor:
             restarts=restart_count,
             max_restarts=self.plan.max_restarts,
             repeated_error=repeated_start_error(self.paths, restart_count),
+            component_failure=recorded_component_failure(self.paths, restart_count),
         )
 
     # --- one attempt ---------------------------------------------------------------------------
@@ -155,12 +158,19 @@ class LocalExecutor:
         return Task(role.role, rank, process)
 
     def _wait_for_first_exit(self) -> Task:
+        """The first task whose exit ends this start. A rollout worker that left with 0
+        while the trainer trains (drained) does not: the others go on. A crashed or hung
+        worker never exits here: its keeper restarts it in place (``launch/keeper.py``)."""
         while True:
             for task in self.tasks:
-                if task.exit_code is not None:
+                if task.exit_code is not None and not self._left_alone(task):
                     return task
             self.on_tick()
             time.sleep(self.poll_s)
+
+    def _left_alone(self, task: Task) -> bool:
+        trainer_running = any(t.role == "trainer" and t.exit_code is None for t in self.tasks)
+        return task.role == "rollout" and task.exit_code == exitcodes.DONE and trainer_running
 
     def _wait_for_role(self, role: str) -> None:
         deadline = time.monotonic() + self.stop_timeout_s

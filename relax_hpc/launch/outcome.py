@@ -1,7 +1,8 @@
 """How one start of a job ends: decided here, once, for every launcher.
 
 The trainer's exit code (``relax_hpc.exitcodes``) and what the run directory says decide:
-``finished``, ``failed`` (a config error of any role, or restarts used up), ``cancelled``
+``finished``, ``failed`` (a config error of any role, a rollout worker its keeper gave up
+on, or restarts used up), ``cancelled``
 (an operator's stop request) or ``requeued`` (a crash or a checkpointed stop on a signal:
 start again from the last complete checkpoint). A start that ends with the same task error
 as the start before it (``status/errors/``, written by ``component.py``) while the trainer
@@ -47,13 +48,16 @@ def decide_end(
     restarts: int,
     max_restarts: int,
     repeated_error: str | None = None,
+    component_failure: str | None = None,
 ) -> StartEnd:
     """``config_error``: what a step of this start recorded (``status/config_error.json``);
     ``cancelled_by``: who asked for a stop that must not be requeued (the cancel command,
     a local Ctrl-C); ``signal``: a signal forwarded to the steps (a preemption or the time
     limit on Slurm); ``restarts``: how many starts came before this one;
     ``repeated_error``: the error this start ended with when the start before it ended
-    with the same one and the trainer took no step in between (``repeated_start_error``)."""
+    with the same one and the trainer took no step in between (``repeated_start_error``);
+    ``component_failure``: what a keeper of this start recorded when it gave up on its
+    worker (a worker that fails after every restart in place fails the same way again)."""
     if trainer_done:
         return StartEnd("finished", "training complete", exitcodes.DONE)
     if trainer_exit == exitcodes.DONE:
@@ -62,6 +66,8 @@ def decide_end(
         what = config_error or "trainer exit 2"
         detail = f"configuration error: {what}; fix the run's config.yaml and resubmit"
         return StartEnd("failed", detail, exitcodes.CONFIG_ERROR)
+    if component_failure is not None:
+        return StartEnd("failed", component_failure, exitcodes.FAILED)
     if cancelled_by:
         detail = f"stopped on request ({cancelled_by}); trainer exit {trainer_exit}"
         return StartEnd("cancelled", detail, exitcodes.DONE)
@@ -126,6 +132,12 @@ def repeated_start_error(paths: RunPaths, restarts: int) -> str | None:
     atomic_write_json(paths.start_failure, {"error": error, "progress": progress})
     same = isinstance(previous, dict) and previous.get("error") == error
     return error if same and previous.get("progress") == progress else None
+def recorded_component_failure(paths: RunPaths, restarts: int) -> str | None:
+    """The detail of the keeper's give-up recorded by this start (``restarts``), if any."""
+    record = read_json(paths.component_failure, default=None)
+    if not isinstance(record, dict) or record.get("restart") != restarts:
+        return None  # none, or an earlier start's (that start ended on it already)
+    return str(record.get("detail") or "a rollout worker failed after its restarts in place")
 
 
 def shell_assignments(end: StartEnd) -> str:
@@ -157,6 +169,7 @@ def main(argv: list[str] | None = None) -> int:
         restarts=args.restarts,
         max_restarts=args.max_restarts,
         repeated_error=repeated_start_error(paths, args.restarts),
+        component_failure=recorded_component_failure(paths, args.restarts),
     )
     requeue = "requeueing" if end.requeue else "not requeueing"
     print(f"relax_hpc: {end.outcome}: {end.detail}; {requeue}", file=sys.stderr)

@@ -1,12 +1,10 @@
 """The supervisor of an extra local pool of rollout workers (``relax_hpc.scale add``).
 
 It runs ``N`` tasks of ``python -m relax_hpc.component rollout --pool <pool>``, one log per
-worker (``logs/rollout-<pool>.<rank>.log``), and:
+worker (``logs/rollout-<pool>.<rank>.log``); each task is a keeper that restarts its worker
+in place when it crashes or hangs (``launch/keeper.py``, as in the run's own step). It:
 
-* restarts a worker that crashed (any exit but 0), in place and alone, after a backoff
-  that doubles from ``BACKOFF_S``, at most ``MAX_RESTARTS`` times per worker; its claims
-  come back to it at once (same worker name) or pass to others after the lease;
-* ends when every worker has ended with 0 (drained, or the run finished);
+* ends when every task has ended (drained, the run finished, or its keeper gave up);
 * stops its workers (SIGTERM: they publish the chunk in hand) when the run's lock is
   released, that is the run ended without telling them, or on SIGTERM/SIGINT to itself.
 
@@ -28,8 +26,6 @@ from relax_hpc.launch.runlock import lock_holder
 from relax_hpc.paths import RunPaths
 from relax_hpc.runtime import LOCAL_PREFIX, SUPERVISOR_PID_VAR
 
-MAX_RESTARTS = 3
-BACKOFF_S = 2.0
 RUN_CHECK_S = 5.0
 STOP_TIMEOUT_S = 120.0
 
@@ -38,8 +34,6 @@ STOP_TIMEOUT_S = 120.0
 class PoolWorker:
     rank: int
     process: subprocess.Popen | None = None
-    restarts: int = 0
-    restart_at: float | None = None  # a crashed worker's next start (backoff)
     finished: bool = False
     history: list[int] = field(default_factory=list)  # exit codes
 
@@ -75,11 +69,7 @@ class PoolSupervisor:
     # --- workers ---------------------------------------------------------------------------
     def _tend(self) -> None:
         for worker in self.workers:
-            if worker.finished:
-                continue
-            if worker.process is None:
-                if worker.restart_at is not None and time.monotonic() >= worker.restart_at:
-                    self._start(worker)
+            if worker.finished or worker.process is None:
                 continue
             code = worker.process.poll()
             if code is not None:
@@ -87,25 +77,13 @@ class PoolSupervisor:
 
     def _ended(self, worker: PoolWorker, code: int) -> None:
         worker.history.append(code)
-        worker.process = None
+        worker.process, worker.finished = None, True
         name = f"{self.pool}.{worker.rank}"
         if code == 0:
-            worker.finished = True
             self._say(f"worker {name} left (exit 0)")
-        elif worker.restarts >= MAX_RESTARTS:
-            worker.finished = True
-            self._say(
-                f"worker {name} crashed (exit {code}) after {worker.restarts} restarts: given "
-                f"up; its log: {self.paths.task_log('rollout', name)}"
-            )
-        else:
-            delay_s = BACKOFF_S * 2**worker.restarts
-            worker.restarts += 1
-            worker.restart_at = time.monotonic() + delay_s
-            self._say(
-                f"worker {name} crashed (exit {code}); restart {worker.restarts} of "
-                f"{MAX_RESTARTS} in {delay_s:.0f} s"
-            )
+        else:  # its keeper restarted it in place as often as rollout.max_restarts allows
+            log_path = self.paths.task_log("rollout", name)
+            self._say(f"worker {name} ended with {code} (its keeper gave up); its log: {log_path}")
 
     def _start(self, worker: PoolWorker) -> None:
         name = f"{self.pool}.{worker.rank}"
@@ -116,7 +94,7 @@ class PoolSupervisor:
                 f"{LOCAL_PREFIX}WORLD_SIZE": str(len(self.workers)),
                 f"{LOCAL_PREFIX}LOCAL_RANK": str(worker.rank),
                 f"{LOCAL_PREFIX}JOB_ID": f"{self.pool}-{os.getpid()}",
-                f"{LOCAL_PREFIX}RESTART_COUNT": str(worker.restarts),
+                f"{LOCAL_PREFIX}RESTART_COUNT": "0",
                 SUPERVISOR_PID_VAR: str(os.getpid()),
                 "PYTHONUNBUFFERED": "1",
             }
@@ -133,7 +111,6 @@ class PoolSupervisor:
                 stdin=subprocess.DEVNULL,
                 start_new_session=True,
             )
-        worker.restart_at = None
         self._say(f"worker {name} started (pid {worker.process.pid})")
 
     def _stop_all(self) -> None:

@@ -3,8 +3,10 @@
 ``python -m relax_hpc.observe.watch run RUN_DIR --job-id J --restart N`` runs beside the
 roles' steps for one job attempt (the batch script starts it in the background, the local
 executor as a child process). It opens the attempt in the cost ledger and keeps it
-current, sends ``started`` (or ``resumed``), ``first_step``, ``checkpoint`` and
-``stalled`` (no new trainer step for ``stall_after_min``), and exits on SIGTERM.
+current, sends ``started`` (or ``resumed``), ``first_step``, ``checkpoint``, ``stalled`` (no
+new trainer step for ``stall_after_min``) and ``recovered`` (a rollout worker restarted in
+place by its keeper: also a log line and the ``recovery/restarts`` scalar in TensorBoard's
+``recovery`` run), and exits on SIGTERM.
 
 ``python -m relax_hpc.observe.watch end RUN_DIR --outcome O --detail TEXT`` is run by the
 batch script once the steps ended: ``finished`` (with a summary), ``failed`` (with the
@@ -27,6 +29,7 @@ from relax_hpc.checkpoint.store import latest_checkpoint
 from relax_hpc.config import RunConfig, load_run_config
 from relax_hpc.observe.alerts import Alert, AlertState, Notifier, build_notifier
 from relax_hpc.observe.cost import CostLedger, cost_so_far, describe_cost
+from relax_hpc.observe.events import read_events
 from relax_hpc.paths import RunPaths, read_json, tail_text
 
 log = logging.getLogger(__name__)
@@ -53,12 +56,14 @@ class RunWatcher:
         self.last_progress_s = clock()
         self.stalled = False
         self.last_checkpoint: int | None = None
+        self.recoveries = RecoveryLog(cfg, paths)
 
     def on_start(self, job_id: str, restart: int) -> None:
         self.ledger.start_attempt(job_id, restart)
         self.last_checkpoint = _checkpoint_step(self.paths)
         status = read_json(self.paths.trainer_status, default={})
         self.last_step = status.get("step")
+        self.recoveries.skip_earlier()
         if restart == 0:
             self._send("started", f"started (job {job_id})", self._where())
         else:
@@ -81,6 +86,8 @@ class RunWatcher:
         if checkpoint is not None and checkpoint != self.last_checkpoint:
             self.last_checkpoint = checkpoint
             self._send("checkpoint", f"checkpoint at step {checkpoint}", self._where())
+        for what, body in self.recoveries.new(self.last_step or 0):
+            self._send("recovered", what, body + self._where())
 
     def run(self, should_stop: Callable[[], bool]) -> None:
         while not should_stop():
@@ -89,6 +96,7 @@ class RunWatcher:
             while not should_stop() and self.clock() < deadline:
                 time.sleep(0.2)
         self.ledger.tick()
+        self.recoveries.close()
 
     # --- events --------------------------------------------------------------------------------
     def _on_progress(self, step: int, status: dict) -> None:
@@ -128,6 +136,63 @@ class RunWatcher:
 
     def _where(self) -> str:
         return f"Run directory: {self.paths.root}\n"
+
+
+class RecoveryLog:
+    """The keepers' ``component_*`` events of this start: told once each, as an alert text,
+    a log line and a TensorBoard scalar (restarts so far, at the trainer's step)."""
+
+    def __init__(self, cfg: RunConfig, paths: RunPaths) -> None:
+        self.cfg = cfg
+        self.paths = paths
+        self.seen: set[str] = set()
+        self.restarts = 0
+        self.writer = None
+
+    def skip_earlier(self) -> None:
+        self.seen |= {name for name, _ in read_events(self.paths, "component_")}
+
+    def new(self, step: int) -> list[tuple[str, str]]:
+        told = []
+        for name, event in read_events(self.paths, "component_"):
+            if name in self.seen:
+                continue
+            self.seen.add(name)
+            told.append(self._tell(event, step))
+        return [t for t in told if t is not None]
+
+    def _tell(self, event: dict, step: int) -> tuple[str, str] | None:
+        component, reason = event.get("component", "?"), event.get("reason", "?")
+        if event.get("event") != "component_restarted":
+            log.warning("watch: %s: %s", component, event.get("detail", reason))
+            return None  # a give-up ends the start: the "failed" alert tells it
+        self.restarts += 1
+        what = (
+            f"{component} restarted in place ({event.get('restarts')} of "
+            f"{event.get('max_restarts')})"
+        )
+        log.warning("watch: %s: %s", what, reason)
+        self._scalar(step)
+        worker = component.split("/", 1)[-1]
+        task = worker[1:] if worker.startswith("r") and worker[1:].isdigit() else worker
+        lines = tail_text(self.paths.task_log("rollout", task), self.cfg.observe.alerts.log_lines)
+        body = f"{component} {reason}; the trainer keeps training.\nLast log lines:\n{lines}"
+        return what, body
+
+    def _scalar(self, step: int) -> None:
+        try:
+            if self.writer is None:
+                from torch.utils.tensorboard import SummaryWriter
+
+                self.writer = SummaryWriter(str(self.paths.tensorboard_dir / "recovery"))
+            self.writer.add_scalar("recovery/restarts", self.restarts, global_step=step)
+            self.writer.flush()
+        except Exception as err:  # telling never breaks the watcher
+            log.warning("watch: no TensorBoard record of the restart: %s", err)
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
 
 
 # --- end of a job attempt ----------------------------------------------------------------------

@@ -86,6 +86,7 @@ class Trainer:
         broadcast_groups,  # callable(groups | None) -> groups, the same on every rank
         cost_metrics=lambda step: {},  # callable(step) -> device-hours so far (observe.cost)
         media_processor=None,  # the policy's MediaProcessor: rebuilds each group's media
+        on_idle=lambda: None,  # called on every rank when a wait for samples timed out
     ) -> None:
         self.settings = settings
         self.spec = spec
@@ -99,6 +100,7 @@ class Trainer:
         self.broadcast_groups = broadcast_groups
         self.cost_metrics = cost_metrics
         self.media_processor = media_processor
+        self.on_idle = on_idle
         self.progress = Progress()
         self.timer = PhaseTimer()
         self.checkpointed_step: int | None = None  # the step of the newest checkpoint
@@ -151,6 +153,7 @@ class Trainer:
             groups = self.broadcast_groups(groups)
             if groups is not None:
                 return groups
+            self.on_idle()
 
     def train_step(self, groups: list) -> dict[str, float]:
         s = self.settings

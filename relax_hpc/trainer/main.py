@@ -87,11 +87,11 @@ def run_trainer(cfg: RunConfig, paths: RunPaths, identity: TaskIdentity) -> int:
         paths.trainer_status if leader else None,
     )
 
-    def publish_weights(policy_version: int) -> dict[str, float]:
+    def publish_weights(policy_version: int, only: list[str] | None = None) -> dict[str, float]:
         weights = backend.policy_weights()  # collective
         if sender is None:
             return {}
-        report = sender.sync(weights, policy_version)
+        report = sender.sync(weights, policy_version, only)
         return {
             "weightsync/seconds": report.seconds,
             "weightsync/engines": float(len(report.members)),
@@ -114,6 +114,7 @@ def run_trainer(cfg: RunConfig, paths: RunPaths, identity: TaskIdentity) -> int:
         else sequential_broadcast,
         cost_metrics=(lambda step: step_cost_metrics(paths, step)) if leader else lambda step: {},
         media_processor=processor,
+        on_idle=lambda: _catch_up_joiners(sender, trainer, publish_weights),
     )
     _resume_or_start(cfg, paths, trainer)
     publish_weights(trainer.progress.policy_version)
@@ -129,6 +130,20 @@ def run_trainer(cfg: RunConfig, paths: RunPaths, identity: TaskIdentity) -> int:
     if sender is not None:
         sender.close()
     return exit_code
+
+
+def _catch_up_joiners(sender, trainer: Trainer, publish_weights) -> None:
+    """Send the current weights to engines that registered while the trainer waits for
+    samples (on every rank: the weights are a collective). Without this a restarted worker
+    holding the claims of the very batch the trainer waits for would wait for weights that
+    only come after that batch: neither side would move."""
+    joiners = sender.admit_joiners() if sender is not None else []
+    joiners = trainer.broadcast_groups(joiners)
+    if joiners:
+        version = trainer.progress.policy_version
+        log.info("trainer: %s joined while waiting for samples: sending policy_version %d",
+                 ", ".join(joiners), version)  # fmt: skip
+        publish_weights(version, joiners)
 
 
 def _settings(cfg: RunConfig, tokenizer, backend: TrainerBackend) -> LoopSettings:

@@ -180,16 +180,29 @@ class WeightSender:
         assert self._admission is not None, "call start() first"
         return self._admission.admit_pending()
 
+    def admit_joiners(self) -> list[str]:
+        """Admit new registrations now; return the members admitted by this call."""
+        before = set(self._admitted)
+        self.admit_pending()
+        return sorted(set(self._admitted) - before)
+
     # --- sync ----------------------------------------------------------------------------------
-    def sync(self, named_tensors: protocol.NamedTensors, policy_version: int) -> SyncReport:
-        """Send ``named_tensors`` as ``policy_version`` to every admitted engine (bounded)."""
+    def sync(
+        self,
+        named_tensors: protocol.NamedTensors,
+        policy_version: int,
+        only: list[str] | None = None,
+    ) -> SyncReport:
+        """Send ``named_tensors`` as ``policy_version`` to every admitted engine (bounded), or
+        to the admitted members in ``only`` (joiners catching up with the current version)."""
         start = time.monotonic()
         report = SyncReport(policy_version)
-        _, report.refused = self.admit_pending()
+        if only is None:
+            _, report.refused = self.admit_pending()
         named = protocol.as_named_list(named_tensors)
         layout = self._layout_for(named)
         tensors = dict(named)
-        candidates = sorted(self._admitted)
+        candidates = sorted(m for m in self._admitted if only is None or m in only)
         while candidates and report.rounds < MAX_ROUNDS_PER_SYNC:
             candidates = self._run_round(candidates, tensors, layout, report)
         self._num_syncs += 1

@@ -75,7 +75,7 @@ def test_a_pool_joins_survives_a_kill_in_place_drains_and_leaves(tmp_path):
         assert "workers xtest.0" in added.stdout
         wait_until(lambda: published_groups(paths, "rollout.xtest.0") >= 2, 300, "first groups")
 
-        # Killed in place: its supervisor restarts it; the trainer never stops.
+        # Killed in place: its keeper restarts it; the trainer never stops.
         first_pid = heartbeat(paths, "xtest.0")["pid"]
         step_at_kill = read_json(paths.trainer_status)["step"]
         os.kill(first_pid, signal.SIGKILL)
@@ -83,8 +83,8 @@ def test_a_pool_joins_survives_a_kill_in_place_drains_and_leaves(tmp_path):
                    120, "the restarted worker's heartbeat")  # fmt: skip
         before = published_groups(paths, "rollout.xtest.0")
         wait_until(lambda: published_groups(paths, "rollout.xtest.0") > before, 300, "publishes")
-        pool_log = paths.pool_log("xtest").read_text()
-        assert "worker xtest.0 crashed (exit -9); restart 1 of 3" in pool_log, pool_log
+        worker_log = paths.task_log("rollout", "xtest.0").read_text()
+        assert "keeper[xtest.0]: worker exited with -9; restart 1 of 3 in place" in worker_log
         assert read_json(paths.trainer_status)["step"] > step_at_kill
         assert run.poll() is None  # no global restart: the run's own tasks never stopped
 

@@ -68,6 +68,7 @@ def test_only_entry_points_import_launch_and_submit():
                     "relax_hpc/status.py",
                     "relax_hpc/cancel.py",
                     "relax_hpc/scale.py",
+                    "relax_hpc/component.py",  # a rollout task runs under its keeper
                 )
             )
         ]

@@ -1,0 +1,196 @@
+"""The keeper of one rollout task: restarts its worker in place when it crashes or hangs.
+
+``python -m relax_hpc.component rollout`` is this keeper, in a Slurm step, under the local
+executor and in an extra pool alike; it runs the worker as its child (the same command,
+with ``KEPT_VAR`` set) and:
+
+* restarts a worker that crashed (an exit other than done, stopped or a config error)
+  after a backoff doubling from ``rollout.restart_backoff_s``, at most
+  ``rollout.max_restarts`` times; the trainer keeps training meanwhile, and the worker's
+  claims on prompt groups come back to it at once (same worker name);
+* kills and restarts a worker that hangs: its heartbeat (a thread that beats every
+  ``claim_lease_s / 4``) is older than ``rollout.claim_lease_s``, as for a SIGSTOPped or
+  frozen process; the same kill restarts a worker the run watcher asked to restart
+  (``paths.restart_request``, a stall traced to it);
+* gives up after that: it records ``paths.component_failure`` (the run's own workers; an
+  extra pool's worker only leaves) so that this start ends as failed, not requeued, and
+  exits with the worker's code.
+
+Every restart and the giving-up are events (``events/``): the run watcher turns them into
+log lines, TensorBoard scalars and ``recovered`` / ``failed`` alerts. Signals to the keeper
+are passed to the worker, which then stops as it would alone; a keeper that is killed
+outright takes its worker with it (the worker watches its parent).
+Must not: import torch or anything of the rollout (it stays a small process).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+
+from relax_hpc import exitcodes
+from relax_hpc.observe.events import emit_event
+from relax_hpc.paths import RunPaths, atomic_write_json, read_json
+from relax_hpc.rollout.assignment import heartbeat_path, worker_name
+from relax_hpc.runtime import SUPERVISOR_PID_VAR, TaskIdentity
+
+KEPT_VAR = "RELAX_HPC_KEPT"  # set for the worker the keeper runs: it runs the role itself
+FINAL_EXITS = (exitcodes.DONE, exitcodes.STOPPED, exitcodes.CONFIG_ERROR)
+FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
+
+
+@dataclass(frozen=True)
+class KeeperPolicy:
+    max_restarts: int
+    backoff_s: float
+    hang_after_s: float
+    poll_s: float = 0.5
+
+
+class TaskKeeper:
+    def __init__(
+        self,
+        paths: RunPaths,
+        worker: str,
+        identity: TaskIdentity,
+        command: list[str],
+        policy: KeeperPolicy,
+    ) -> None:
+        self.paths = paths
+        self.worker = worker
+        self.identity = identity
+        self.command = command
+        self.policy = policy
+        self.heartbeat = heartbeat_path(paths.rollout_assignment_dir, worker)
+        self.child: subprocess.Popen | None = None
+        self.stopping: str | None = None
+        self.restarts = 0
+
+    def run(self) -> int:
+        for signum in FORWARDED:
+            signal.signal(signum, self._on_signal)
+        while True:
+            self._start()
+            code, why = self._watch()
+            if self._final(code):
+                return code
+            if self.restarts >= self.policy.max_restarts:
+                return self._give_up(code, why)
+            self._restart_after_backoff(code, why)
+            if self.stopping is not None:
+                return code
+
+    # --- one worker ------------------------------------------------------------------------
+    def _start(self) -> None:
+        env = dict(os.environ, **{KEPT_VAR: "1", SUPERVISOR_PID_VAR: str(os.getpid())})
+        self.child = subprocess.Popen(self.command, env=env, stdin=subprocess.DEVNULL)
+        self._say(f"worker started (pid {self.child.pid})")
+
+    def _watch(self) -> tuple[int, str]:
+        """Until the worker exits: its exit code, and why it ended."""
+        assert self.child is not None
+        while (code := self.child.poll()) is None:
+            why = self._hung_or_requested()
+            if why is not None and self.stopping is None:
+                self._say(f"{why}: killing the worker (pid {self.child.pid})")
+                self.child.kill()  # SIGKILL ends a stopped process too
+                return self.child.wait(), why
+            time.sleep(self.policy.poll_s)
+        return code, f"exited with {code}"
+
+    def _hung_or_requested(self) -> str | None:
+        request = self.paths.restart_request(self.worker)
+        if request.exists():
+            reason = read_json(request, default={}).get("reason", "no reason given")
+            request.unlink(missing_ok=True)
+            return f"restart requested by the run watcher ({reason})"
+        beat = read_json(self.heartbeat, default=None)
+        if not isinstance(beat, dict) or beat.get("pid") != self.child.pid or beat.get("left"):
+            return None  # not beating yet (loading, joining) or beating for another process
+        silent_s = time.time() - float(beat.get("time", 0))
+        if silent_s > self.policy.hang_after_s:
+            return f"hung: no heartbeat for {silent_s:.0f} s (rollout.claim_lease_s)"
+        return None
+
+    def _final(self, code: int) -> bool:
+        """Ends with the worker: a stop, the end of training, or nothing a restart fixes."""
+        return (
+            code in FINAL_EXITS
+            or self.stopping is not None
+            or self.paths.trainer_done.exists()
+            or self.paths.cancel_request.exists()
+        )
+
+    # --- recovery --------------------------------------------------------------------------
+    def _restart_after_backoff(self, code: int, why: str) -> None:
+        delay_s = self.policy.backoff_s * 2**self.restarts
+        self.restarts += 1
+        self._say(
+            f"worker {why}; restart {self.restarts} of {self.policy.max_restarts} in place "
+            f"in {delay_s:.0f} s (the trainer keeps training)"
+        )
+        self._emit("component_restarted", code, why, backoff_s=delay_s)
+        deadline = time.monotonic() + delay_s
+        while self.stopping is None and time.monotonic() < deadline:
+            time.sleep(min(self.policy.poll_s, delay_s))
+
+    def _give_up(self, code: int, why: str) -> int:
+        detail = (
+            f"rollout worker {self.worker} {why} after {self.restarts} restart(s) in place "
+            f"(rollout.max_restarts={self.policy.max_restarts}); its log: "
+            f"{self.paths.task_log('rollout', self._log_task())}"
+        )
+        self._say(f"giving up: {detail}")
+        self._emit("component_gave_up", code, why, detail=detail)
+        if self.identity.pool is None:  # an extra pool is spare capacity: the run goes on
+            record = {"restart": self.identity.restart_count, "component": self.worker}
+            atomic_write_json(self.paths.component_failure, {**record, "detail": detail})
+        return code if code else exitcodes.FAILED
+
+    def _emit(self, event: str, code: int, why: str, **fields) -> None:
+        with contextlib.suppress(OSError):  # an event is for the operator: never fatal here
+            emit_event(
+                self.paths,
+                event,
+                component=f"rollout/{self.worker}",
+                exit_code=code,
+                reason=why,
+                restarts=self.restarts,
+                max_restarts=self.policy.max_restarts,
+                attempt=self.identity.attempt,
+                **fields,
+            )
+
+    # --- plumbing --------------------------------------------------------------------------
+    def _on_signal(self, signum: int, _frame) -> None:
+        self.stopping = self.stopping or signal.Signals(signum).name
+        if self.child is not None and self.child.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.child.pid, signum)
+
+    def _log_task(self) -> str | int:
+        return self.identity.rank if self.identity.pool is None else self.worker
+
+    def _say(self, message: str) -> None:
+        stamp = time.strftime("%Y-%m-%d %H:%M:%S")
+        print(f"{stamp} keeper[{self.worker}]: {message}", file=sys.stderr, flush=True)
+
+
+def keep_rollout_task(paths: RunPaths, identity: TaskIdentity, argv: list[str]) -> int:
+    """Run ``python -m relax_hpc.component <argv>`` as a kept worker; its exit code."""
+    from relax_hpc.config import load_run_config
+
+    rollout = load_run_config(paths.resolved_config).rollout
+    policy = KeeperPolicy(
+        max_restarts=rollout.max_restarts,
+        backoff_s=rollout.restart_backoff_s,
+        hang_after_s=rollout.claim_lease_s,
+    )
+    worker = worker_name(identity.rank, identity.pool)
+    command = [sys.executable, "-u", "-m", "relax_hpc.component", *argv]
+    return TaskKeeper(paths, worker, identity, command, policy).run()
