@@ -189,8 +189,9 @@ class RunPaths:
         return self.control_dir / "drain" / f"{name}"
 
     def restart_request(self, worker: str) -> Path:
-        """Present when the run watcher asked rollout worker ``worker``'s keeper to restart
-        it (a stall it traced to that worker); the keeper removes it when it acts."""
+        """Present when rollout worker ``worker``'s keeper is asked to restart it (by an
+        operator today; by the run watcher's stall diagnosis later); the keeper removes it
+        when it acts."""
         return self.control_dir / "restart" / f"{worker}"
 
     @property

@@ -10,8 +10,8 @@ with ``KEPT_VAR`` set) and:
   claims on prompt groups come back to it at once (same worker name);
 * kills and restarts a worker that hangs: its heartbeat (a thread that beats every
   ``claim_lease_s / 4``) is older than ``rollout.claim_lease_s``, as for a SIGSTOPped or
-  frozen process; the same kill restarts a worker the run watcher asked to restart
-  (``paths.restart_request``, a stall traced to it);
+  frozen process; the same kill restarts a worker whose restart was asked for
+  (``paths.restart_request``);
 * gives up after that: it records ``paths.component_failure`` (the run's own workers; an
   extra pool's worker only leaves) so that this start ends as failed, not requeued, and
   exits with the worker's code.
@@ -108,7 +108,7 @@ class TaskKeeper:
         if request.exists():
             reason = read_json(request, default={}).get("reason", "no reason given")
             request.unlink(missing_ok=True)
-            return f"restart requested by the run watcher ({reason})"
+            return f"restart requested ({reason})"
         beat = read_json(self.heartbeat, default=None)
         if not isinstance(beat, dict) or beat.get("pid") != self.child.pid or beat.get("left"):
             return None  # not beating yet (loading, joining) or beating for another process

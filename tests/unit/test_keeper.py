@@ -165,7 +165,7 @@ def test_a_restart_requested_by_the_watcher_kills_and_restarts_the_worker(tmp_pa
     assert kept.run() == exitcodes.DONE
     assert not request.exists()
     (_, event), = read_events(paths, "component_restarted")
-    assert "restart requested by the run watcher (no step for 30 min" in event["reason"]
+    assert "restart requested (no step for 30 min" in event["reason"]
 
 
 @pytest.mark.parametrize("code", [exitcodes.STOPPED, exitcodes.CONFIG_ERROR])
