@@ -164,6 +164,12 @@ def _load_item(
 
 
 def _checked_bytes(data: bytes | bytearray | memoryview, limits: MediaLimits, where: str) -> bytes:
+    if not isinstance(data, bytes | bytearray | memoryview):  # e.g. a JSONL string
+        raise MediaError(
+            where,
+            f"'bytes' holds a {type(data).__name__}, not encoded bytes",
+            "store the file under 'path' (JSON has no bytes), or write the rows as Parquet",
+        )
     if len(data) > limits.max_bytes:
         raise MediaError(
             where,
@@ -277,6 +283,7 @@ def _read_audio(source: ItemSource, limits: MediaLimits, where: str) -> tuple[np
             samples = samples.mean(axis=1 if samples.shape[0] > samples.shape[1] else 0)
         _check_duration(samples.shape[0], rate_hz, limits, where)
         return samples, rate_hz
+    _check_wav_complete(source, where)
     try:
         with soundfile.SoundFile(io.BytesIO(source)) as handle:
             _check_duration(handle.frames, handle.samplerate, limits, where)
@@ -291,6 +298,29 @@ def _read_audio(source: ItemSource, limits: MediaLimits, where: str) -> tuple[np
             "re-encode it as WAV or FLAC, or drop the row",
         ) from None
     return samples.mean(axis=1, dtype=np.float32), rate_hz
+
+
+def _check_wav_complete(data: bytes, where: str) -> None:
+    """A RIFF/WAVE file must hold the bytes its ``data`` chunk declares: libsndfile reads
+    a truncated WAV without an error, as a shorter clip (a cut-off upload or copy)."""
+    if len(data) < 12 or data[:4] != b"RIFF" or data[8:12] != b"WAVE":
+        return
+    offset = 12
+    while offset + 8 <= len(data):
+        chunk, size = (
+            data[offset : offset + 4],
+            int.from_bytes(data[offset + 4 : offset + 8], "little"),
+        )
+        if chunk == b"data":
+            present = len(data) - offset - 8
+            if size not in (0, 0xFFFFFFFF) and present < size:  # 0/max: a streamed WAV
+                raise MediaError(
+                    where,
+                    f"truncated WAV: its data chunk declares {size} bytes, {present} are present",
+                    "re-export the clip, or drop the row",
+                )
+            return
+        offset += 8 + size + (size & 1)  # chunks are padded to even sizes
 
 
 def _check_duration(num_frames: int, rate_hz: int, limits: MediaLimits, where: str) -> None:
