@@ -242,10 +242,12 @@ def resolve_model(model: ModelConfig, check_paths: bool, prefix: str = "model") 
             f"{transformers.__version__}; use the class named in the model's config.json "
             "(e.g. Qwen3ForCausalLM, Qwen3MoeForCausalLM)",
         )
-    if model.modality != "text" and model.path is None:
-        from relax_hpc.models.media_policy import media_family
+    if model.modality != "text":
+        from relax_hpc.models.media_policy import check_media_architecture, media_family
 
-        media_family(model.architecture)  # a built-in media model of that class exists
+        check_media_architecture(model.architecture)
+        if model.path is None:
+            media_family(model.architecture)  # a built-in media model of that class exists
     if not check_paths:
         return
     from relax_hpc.models.hf_folder import load_model_config, load_tokenizer

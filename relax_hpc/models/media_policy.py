@@ -27,6 +27,15 @@ from relax_hpc.models.media_warmstart import MediaWarmStartConfig, media_warm_st
 from relax_hpc.models.multimodal import ARCHITECTURES, build_tiny_media_model, load_media_model
 from relax_hpc.models.warmstart import default_cache_dir
 
+# Media model classes refused at submit, with the reason (ConfigError on model.architecture).
+REFUSED_ARCHITECTURES = {
+    "Qwen2AudioForConditionalGeneration": (
+        "Qwen2-Audio (audio only) is not supported: it marks clips with "
+        "<|audio_bos|>/<|audio_eos|> and has no vision tower, and no media family here "
+        "(media/markup.py) renders, counts or serves its prompts; train audio with a "
+        "Qwen2.5-Omni or Qwen3-Omni thinker (Qwen2_5OmniThinkerForConditionalGeneration)"
+    ),
+}
 DEFAULT_WARM_START_TASK = "shapes"  # data/media_tasks.py: what a tiny VL model warm-starts on
 
 
@@ -41,8 +50,15 @@ def is_media_model(model_cfg: ModelConfig) -> bool:
     return model_cfg.modality != "text"
 
 
+def check_media_architecture(architecture: str) -> None:
+    """``ConfigError`` with the reason when ``architecture`` is a refused media class."""
+    if architecture in REFUSED_ARCHITECTURES:
+        raise ConfigError("model.architecture", REFUSED_ARCHITECTURES[architecture])
+
+
 def media_family(architecture: str) -> str:
     """The tiny-model family (``models.multimodal.ARCHITECTURES``) of ``model.architecture``."""
+    check_media_architecture(architecture)
     for family, name in ARCHITECTURES.items():
         if name == architecture:
             return family

@@ -16,6 +16,7 @@ Must not: download anything, or know about RL.
 from __future__ import annotations
 
 import copy
+import warnings
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -38,6 +39,14 @@ ARCHITECTURES = {
     "qwen2_5_omni": "Qwen2_5OmniThinkerForConditionalGeneration",
     "qwen3_omni": "Qwen3OmniMoeThinkerForConditionalGeneration",
 }
+# A whole Omni model's class (thinker + talker + code2wav, as Qwen publishes it) -> the
+# thinker's class. RL trains and serves text only, so only the thinker is loaded; its weights
+# sit under ``thinker.`` and its config under ``thinker_config``.
+OMNI_THINKERS = {
+    "Qwen2_5OmniForConditionalGeneration": "Qwen2_5OmniThinkerForConditionalGeneration",
+    "Qwen3OmniMoeForConditionalGeneration": "Qwen3OmniMoeThinkerForConditionalGeneration",
+}
+THINKER_PREFIX = "thinker."
 PAD_TOKEN, IM_START, IM_END, UNK_TOKEN = "<|endoftext|>", "<|im_start|>", "<|im_end|>", "<unk>"
 # One vocabulary for every family: ChatML, then each family's media tokens, then characters.
 SPECIAL_TOKENS = tuple(
@@ -245,14 +254,47 @@ def save_media_model(folder: str | Path, model: PreTrainedModel, processor: Medi
 def load_media_model(
     folder: str | Path, dtype: torch.dtype = torch.float32
 ) -> tuple[PreTrainedModel, MediaProcessor]:
-    """The model (its saved class, eval mode) and processor of a local HF folder."""
+    """The model (its saved class, eval mode) and processor of a local HF folder; of a whole
+    Omni folder (``OMNI_THINKERS``), the thinker alone."""
     # Not AutoConfig: transformers 4.57 maps no model_type "qwen2_5_omni_thinker".
-    names = read_config(folder).get("architectures") or []
+    config = read_config(folder)
+    names = config.get("architectures") or []
+    if names and names[0] in OMNI_THINKERS:
+        model = _load_thinker(folder, config, getattr(transformers, OMNI_THINKERS[names[0]]), dtype)
+        return model.eval(), MediaProcessor.from_pretrained(folder)
     model_class = getattr(transformers, names[0], None) if names else None
     if model_class is None:
         raise ValueError(f"{folder}: config.json names no transformers class ({names})")
     model = model_class.from_pretrained(str(folder), local_files_only=True, dtype=dtype)
     return model.eval(), MediaProcessor.from_pretrained(folder)
+
+
+def _load_thinker(
+    folder: str | Path, config: Mapping[str, Any], model_class: type, dtype: torch.dtype
+) -> PreTrainedModel:
+    """The thinker of a whole Omni folder: its config from ``thinker_config``, its weights
+    the ``thinker.`` tensors (transformers strips the class's ``base_model_prefix``); the
+    talker's and code2wav's tensors are never materialised as parameters."""
+    if not isinstance(config.get("thinker_config"), Mapping):
+        raise ValueError(f"{folder}: an Omni config.json without thinker_config")
+    assert model_class.base_model_prefix == THINKER_PREFIX.rstrip("."), model_class
+    thinker_config = model_class.config_class(**config["thinker_config"])
+    with warnings.catch_warnings():  # the talker's tensors are expected to be left unused
+        warnings.simplefilter("ignore")
+        model, info = model_class.from_pretrained(
+            str(folder),
+            config=thinker_config,
+            local_files_only=True,
+            dtype=dtype,
+            output_loading_info=True,
+        )
+    if info["missing_keys"]:  # randomly initialised thinker weights: refuse, never train them
+        missing = sorted(info["missing_keys"])
+        raise ValueError(
+            f"{folder}: the thinker's {len(missing)} weights (e.g. {missing[0]}) are not in the "
+            f"folder's {THINKER_PREFIX}* tensors; give a complete Omni or thinker folder"
+        )
+    return model
 
 
 def tiny_arch(family: str, arch: Mapping[str, Any] | None = None) -> dict[str, Any]:

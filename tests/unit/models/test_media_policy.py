@@ -128,3 +128,21 @@ def test_two_processes_needing_the_warm_start_train_it_once(tmp_path):
     assert [run.returncode for run in runs] == [0, 0], logs
     trained = [log for log in logs if "media-warmstart: trained in" in log]
     assert len(trained) == 1, logs  # the other waited, then read the cache
+
+
+def test_qwen2_audio_is_refused_at_submit_with_the_reason(tmp_path):
+    import dataclasses
+
+    from relax_hpc.config.compose import compose_run_config
+    from relax_hpc.resolve import resolve_names
+
+    cfg = compose_run_config(["+experiment=grpo_tiny"])
+    for path in (None, str(tmp_path)):  # built in, or a folder of that class
+        cfg.model = dataclasses.replace(
+            vl_config(),
+            modality="audio",
+            architecture="Qwen2AudioForConditionalGeneration",
+            path=path,
+        )
+        with pytest.raises(ConfigError, match="model.architecture.*Qwen2-Audio .* not supported"):
+            resolve_names(cfg, check_paths=False)
