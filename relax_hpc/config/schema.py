@@ -101,6 +101,8 @@ class TrainerConfig:
     # A vision-language / omni policy's vision tower is not trained (no gradient, no optimiser
     # state) and not sent to the engines, which keep the tower they were built with.
     freeze_vision: bool = False
+    # An audio / omni policy's audio tower, likewise: not trained, not sent.
+    freeze_audio: bool = False
 
 
 @dataclass

@@ -320,6 +320,12 @@ def _check_freeze_vision(cfg: RunConfig) -> None:
             f"model.modality={cfg.model.modality} has no vision tower to freeze; set "
             "trainer.freeze_vision=false (or a vision / omni model)",
         )
+    if cfg.trainer.freeze_audio and cfg.model.modality not in ("audio", "omni"):
+        raise ConfigError(
+            "trainer.freeze_audio",
+            f"model.modality={cfg.model.modality} has no audio tower to freeze; set "
+            "trainer.freeze_audio=false (or an audio / omni model)",
+        )
 
 
 def _check_megatron(cfg: RunConfig) -> None:

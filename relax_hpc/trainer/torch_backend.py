@@ -51,19 +51,25 @@ def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
     return []
 
 
-def vision_tower_names(model: torch.nn.Module) -> frozenset[str]:
-    """Names of the vision tower's parameters (Qwen-VL ``model.visual.*``, Omni ``visual.*``;
-    under a critic's ``body.``)."""
-    return frozenset(n for n, _ in model.named_parameters() if "visual" in n.split("."))
+# A tower's parameters: a name component (Qwen-VL ``model.visual.*``, Omni ``visual.*`` and
+# ``audio_tower.*``; under a critic's ``body.``).
+TOWER_NAMES = {"vision": "visual", "audio": "audio_tower"}
 
 
-def freeze_vision_tower(model: torch.nn.Module) -> frozenset[str]:
-    """``trainer.freeze_vision``: the tower's parameters take no gradient; their names."""
-    names = vision_tower_names(model)
+def tower_names(model: torch.nn.Module, tower: str = "vision") -> frozenset[str]:
+    """Names of the parameters of ``model``'s ``tower`` (a key of ``TOWER_NAMES``)."""
+    part = TOWER_NAMES[tower]
+    return frozenset(n for n, _ in model.named_parameters() if part in n.split("."))
+
+
+def freeze_tower(model: torch.nn.Module, tower: str = "vision") -> frozenset[str]:
+    """``trainer.freeze_vision`` / ``freeze_audio``: the tower's parameters take no
+    gradient; their names."""
+    names = tower_names(model, tower)
     if not names:
         raise ValueError(
-            "trainer.freeze_vision: the model has no vision tower (no parameter under "
-            "'visual'); set trainer.freeze_vision=false"
+            f"trainer.freeze_{tower}: the model has no {tower} tower (no parameter under "
+            f"'{TOWER_NAMES[tower]}'); set trainer.freeze_{tower}=false"
         )
     for name, parameter in model.named_parameters():
         if name in names:
@@ -291,9 +297,10 @@ class TorchBackend(BackendBase):
         if hf.critic_body is not None:
             critic = ValueHead(hf.critic_body).to(self.dtype)
         # frozen before sharding (FSDP2 keeps requires_grad per parameter)
-        self.frozen = freeze_vision_tower(policy) if t.freeze_vision else frozenset()
-        if t.freeze_vision and critic is not None:
-            freeze_vision_tower(critic)
+        towers = [name for name in TOWER_NAMES if getattr(t, f"freeze_{name}")]
+        self.frozen = frozenset().union(*(freeze_tower(policy, name) for name in towers))
+        for name in towers if critic is not None else ():
+            freeze_tower(critic, name)
         if t.activation_checkpointing:  # recompute each layer's activations in backward
             for network in (policy, critic.body if critic is not None else None):
                 if network is not None:

@@ -205,3 +205,33 @@ def test_the_held_out_eval_reads_the_images_too(tmp_path):
     assert results["data/eval_rows_skipped"] == 0.0 and len(seen) == len(sent) == 8
     for request, (_, record) in zip(sent, seen, strict=True):
         assert request.multimodal["image"][0] is record.media.images[0]
+
+
+def test_sglang_gets_images_and_audio_as_processor_outputs_beside_expanded_ids(sglang_stand_in):
+    processor = tiny_processor("qwen2_5_omni")
+    data = DataConfig(kind="media_task", media_task="pitch", eval_size=8)
+    record = build_dataset(data, processor.tokenizer, processor=processor)[3]
+    assert record.media.audio and not record.media.images
+    image = np.full((56, 56, 3), 200, np.uint8)
+    both = processor.process("<image> and <audio>: high or low?", [image], list(record.media.audio))
+    requests = [
+        GenerationRequest("0/0", record.prompt_ids, media_request(record.media)),
+        GenerationRequest("1/0", both.prompt_ids, media_request(both.payload)),
+    ]
+    engine, sglang = sglang_stand_in(
+        [sglang_output(f"{r.sample_id}@1", 7) for r in requests], media_processor=processor
+    )
+    engine.generate(requests, PARAMS)
+    ((_, kwargs),) = sglang.calls
+    assert kwargs["image_data"][0] is None and len(kwargs["image_data"][1]) == 1
+    (clip,), (clip_with_image,) = kwargs["audio_data"]
+    assert clip["format"] == "processor_output"
+    expected = processor.model_inputs(record.media).tensors
+    assert torch.equal(clip["input_features"], expected["input_features"])
+    assert torch.equal(clip.feature_attention_mask, expected["feature_attention_mask"])
+    assert torch.equal(clip_with_image["input_features"], clip["input_features"])
+    audio_pad = processor.tokenizer.convert_tokens_to_ids(processor.markup.audio_pad)
+    first = record.prompt_ids.index(audio_pad)
+    stale = record.prompt_ids[:first] + record.prompt_ids[first + 1 :]
+    with pytest.raises(ValueError, match="audio tokens, its clips fill"):
+        engine.generate([GenerationRequest("2/0", stale, media_request(record.media))], PARAMS)

@@ -17,21 +17,33 @@ from relax_hpc.spool import Sample
 from relax_hpc.trainer.backend import HFNetworks, TrainerBackend, make_backend
 
 VL = ModelConfig(name="tiny_vl", architecture="Qwen3VLForConditionalGeneration", modality="vision")
+OMNI = ModelConfig(
+    name="tiny_omni", architecture="Qwen2_5OmniThinkerForConditionalGeneration", modality="omni"
+)
 TEMPERATURE = 1.0
 GRPO = AlgoConfig(name="grpo")
 
 
-def sampled_groups(model, processor, num_groups: int, per_group: int) -> list[list[Sample]]:
-    """Groups of the shapes task sampled by the media engine at ``TEMPERATURE``; the samples
-    of a group share one ``MediaPayload`` object, as the spool returns them; rewards
-    alternate 0/1 so that every group has non-zero advantages."""
+def sampled_groups(
+    model, processor, num_groups: int, per_group: int, task_name: str = "shapes"
+) -> list[list[Sample]]:
+    """Groups of the shapes task (or ``pitch``: an Omni model hears the clip and also sees
+    a shapes image) sampled by the media engine at ``TEMPERATURE``; the samples of a group
+    share one ``MediaPayload`` object, as the spool returns them; rewards alternate 0/1 so
+    that every group has non-zero advantages."""
     engine = MediaTransformersEngine(model, processor)
-    task = MediaTask("shapes", eval_size=4)
+    task = MediaTask(task_name, eval_size=4)
+    shapes = MediaTask("shapes", eval_size=4)
     params = SamplingParams(temperature=TEMPERATURE, max_new_tokens=4, seed=3)
     groups = []
     for g in range(num_groups):
         example = task.example("train", g + 1)
-        processed = processor.process(example.messages, example.images)
+        if task_name == "pitch":
+            image = shapes.example("train", g + 1).images[0]
+            messages = [{"role": "user", "content": [{"type": "image"}, *_parts(example)]}]
+            processed = processor.process(messages, [image], example.audio)
+        else:
+            processed = processor.process(example.messages, example.images)
         requests = [
             GenerationRequest(f"{g}/{j}", processed.prompt_ids, media_request(processed.payload))
             for j in range(per_group)
@@ -55,6 +67,11 @@ def sampled_groups(model, processor, num_groups: int, per_group: int) -> list[li
             ]
         )
     return groups
+
+
+def _parts(example) -> list:
+    content = example.messages[-1]["content"]
+    return list(content) if isinstance(content, list) else [{"type": "text", "text": content}]
 
 
 def backend_of(

@@ -85,9 +85,9 @@ def test_a_frozen_tower_takes_no_gradient_and_is_not_published(policy, batch):
     weights = backend.policy_weights()
     assert set(weights) == set(initial) - frozen
     with pytest.raises(ValueError, match="no vision tower"):
-        from relax_hpc.trainer.torch_backend import freeze_vision_tower
+        from relax_hpc.trainer.torch_backend import freeze_tower
 
-        freeze_vision_tower(torch.nn.Linear(2, 2))
+        freeze_tower(torch.nn.Linear(2, 2), "vision")
 
 
 def test_a_checkpoint_of_a_frozen_tower_loads_back(policy, batch):
