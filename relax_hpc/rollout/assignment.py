@@ -106,8 +106,17 @@ class GroupAssignment:
 
     def complete(self, chunk: Chunk) -> None:
         """The chunk's groups are published: mark it done, release it, maybe raise the floor."""
+        # Below the floor: this worker hung past its lease, another took the chunk over and
+        # the batch was collected. What it just published is a duplicate that the spool
+        # drops; there is nothing left to mark (and no folder to write into: a collection
+        # racing the write below ends in FileNotFoundError, the same case).
+        if chunk.batch < self.floor():
+            return
         folder = self._batch_dir(chunk.batch)
-        atomic_write_json(folder / f"{chunk.name}.done", self._stamp())
+        try:
+            atomic_write_json(folder / f"{chunk.name}.done", self._stamp())
+        except FileNotFoundError:
+            return
         (folder / f"{chunk.name}.claim").unlink(missing_ok=True)
         self._raise_floor()
 

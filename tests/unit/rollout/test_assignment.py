@@ -77,6 +77,19 @@ def test_a_dead_workers_claim_passes_on_after_the_lease(tmp_path):
     assert b.holders()["r1"] == ["b00000000/j0000", "b00000000/j0001", "b00000000/j0002"]
 
 
+def test_a_hung_worker_completing_a_chunk_taken_over_and_collected_is_a_no_op(tmp_path):
+    a, b = assignment(tmp_path, "r0", lease_s=30), assignment(tmp_path, "r1", lease_s=30)
+    beat(tmp_path, "r0"), beat(tmp_path, "r1")
+    late = a.claim(0)
+    beat(tmp_path, "r0", age_s=31)  # SIGSTOPped: its lease runs out
+    for _ in range(3):
+        b.complete(b.claim(0))  # r1 takes the chunk over and finishes the batch
+    assert b.floor() == 1 and not (tmp_path / "assign" / "b00000000").exists()
+    a.complete(late)  # r0 wakes up and publishes a duplicate the spool drops
+    assert a.floor() == 1 and not (tmp_path / "assign" / "b00000000").exists()
+    assert a.claim(1).groups == (5, 6)  # and it goes on with the next batch
+
+
 def test_a_worker_that_left_frees_its_claims_at_once(tmp_path):
     a, b = assignment(tmp_path, "r0"), assignment(tmp_path, "r1")
     beat(tmp_path, "r1")
