@@ -12,6 +12,13 @@ joins the scoring still in flight, or is answered from a bounded cache of recent
 instead of being scored again: the key is a hash of the item (prompt, response, reference,
 metadata), so a sample is judged once per server start.
 
+What anyone who reaches the port can cost is bounded (``connections``): a request must
+arrive whole within ``read_deadline_s``, at most ``max_reading`` connections read at once
+(the oldest is cut for a new one), and a body is read only when it is at most
+``MAX_BODY_BYTES`` (413) and the request carries a well-formed signature header (401
+before a byte of it is read). A malformed request (request line, ``Content-Length``) gets
+400; one request per connection.
+
 ``GET /v1/health`` answers ``{"protocol", "instance", "ready"}`` without a signature (it
 reveals nothing); the address file is the readiness signal clients use.
 
@@ -29,14 +36,16 @@ import time
 from collections import OrderedDict
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any
 
+from relax_hpc.judge.connections import BoundedHTTPServer, ConnectionGuard
 from relax_hpc.rollout.rewards.protocol import (
     HEALTH_PATH,
     PROTOCOL,
     SCORE_PATH,
     SIGNATURE_HEADER,
+    SIGNATURE_PREFIX,
     ProtocolError,
     decode_request,
     encode_response,
@@ -46,8 +55,46 @@ from relax_hpc.rollout.rewards.result import BatchScorer, RewardResult, failed
 from relax_hpc.rollout.rewards.scorer import ScoreItem
 
 log = logging.getLogger(__name__)
-MAX_BODY_BYTES = 64 << 20
+# A request of the rollout's client is ``judge.client.batch_size`` texts: far below this
+MAX_BODY_BYTES = 8 << 20
 CACHE_ITEMS = 65536
+READ_DEADLINE_S = 10.0
+MAX_READING = 64
+MAX_OPEN = 512  # reading + scoring; only holders of the token get to scoring
+
+
+class Refusal(Exception):
+    """A request answered with ``status`` and ``reason`` before its body was read."""
+
+    def __init__(self, status: int, reason: str) -> None:
+        super().__init__(reason)
+        self.status = status
+
+
+def content_length(value: str | None, limit: int = MAX_BODY_BYTES) -> int:
+    """The body size a request announces; ``Refusal`` (400/413) when it cannot be read."""
+    if value is None:
+        raise Refusal(400, "Content-Length is required (chunked bodies are not accepted)")
+    if not value.strip().isdigit():
+        raise Refusal(400, f"Content-Length is not a non-negative integer: {value[:40]!r}")
+    length = int(value)
+    if length == 0:
+        raise Refusal(400, "the body is empty")
+    if length > limit:
+        raise Refusal(
+            413, f"the body of {length} bytes is over {limit} bytes: lower judge.client.batch_size"
+        )
+    return length
+
+
+def well_formed_signature(header: str | None) -> bool:
+    """Whether ``header`` could be a signature (checked before the body is read)."""
+    digest = (header or "").removeprefix(SIGNATURE_PREFIX)
+    return (
+        bool(header and header.startswith(SIGNATURE_PREFIX))
+        and len(digest) == 64
+        and all(c in "0123456789abcdef" for c in digest)
+    )
 
 
 @dataclass
@@ -80,6 +127,9 @@ class JudgeServer:
         max_batch: int = 256,
         gather_s: float = 0.005,
         instance: str = "",
+        read_deadline_s: float = READ_DEADLINE_S,
+        max_reading: int = MAX_READING,
+        max_open: int = MAX_OPEN,
     ) -> None:
         self.scorer = scorer
         self.token = token
@@ -91,8 +141,8 @@ class JudgeServer:
         self._cache: OrderedDict[str, RewardResult] = OrderedDict()
         self._pending: dict[str, Future] = {}
         self._lock = threading.Lock()
-        self._http = ThreadingHTTPServer((host, port), _handler_class(self))
-        self._http.daemon_threads = True
+        self.guard = ConnectionGuard(max_reading, max_open, read_deadline_s)
+        self._http = BoundedHTTPServer((host, port), _handler_class(self), self.guard)
         self._threads = [
             threading.Thread(target=self._http.serve_forever, name="judge-http", daemon=True),
             threading.Thread(target=self._batch_forever, name="judge-batches", daemon=True),
@@ -103,6 +153,7 @@ class JudgeServer:
         return self._http.server_address[1]
 
     def start(self) -> JudgeServer:
+        self.guard.start()
         for thread in self._threads:
             thread.start()
         return self
@@ -110,6 +161,7 @@ class JudgeServer:
     def stop(self) -> None:
         self._http.shutdown()
         self._http.server_close()
+        self.guard.stop()
         self._queue.put(None)
         self._threads[1].join(timeout=30)
 
@@ -176,18 +228,24 @@ class JudgeServer:
         for (_, _, future), result in zip(batch, results, strict=True):
             future.set_result(result)
 
-    def handle_score(self, body: bytes, signature: str | None) -> tuple[int, bytes]:
+    def handle_score(
+        self, body: bytes, signature: str | None, connection: Any = None
+    ) -> tuple[int, bytes] | None:
+        """The answer to a request whose body is read; None when ``connection`` was cut
+        meanwhile (nobody is there to answer)."""
         with self._lock:
             self.counts.requests += 1
         if not signature_valid(self.token, body, signature):
-            return self._refuse(401, "missing or wrong X-Relax-Signature (not this run's judge?)")
+            return self.refuse(401, "missing or wrong X-Relax-Signature (not this run's judge?)")
+        if connection is not None and not self.guard.verified(connection):
+            return None
         try:
             ids, items = decode_request(body)
         except ProtocolError as err:
-            return self._refuse(400, str(err))
+            return self.refuse(400, str(err))
         return 200, encode_response(ids, self.score(items))
 
-    def _refuse(self, status: int, reason: str) -> tuple[int, bytes]:
+    def refuse(self, status: int, reason: str) -> tuple[int, bytes]:
         with self._lock:
             self.counts.refused += 1
         log.warning("judge: refused a request (%d): %s", status, reason)
@@ -200,15 +258,25 @@ class JudgeServer:
 def _handler_class(server: JudgeServer) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
+        default_request_version = "HTTP/1.1"  # a bad request line gets a status line (400)
+        timeout = server.guard.read_deadline_s  # per read; the guard bounds the whole request
 
         def do_POST(self) -> None:  # noqa: N802 (http.server's naming)
             if self.path.split("?")[0] != SCORE_PATH:
                 return self._answer(404, b'{"error": "unknown path"}')
-            length = int(self.headers.get("Content-Length") or 0)
-            if not 0 < length <= MAX_BODY_BYTES:
-                return self._answer(413 if length else 400, b'{"error": "bad Content-Length"}')
+            signature = self.headers.get(SIGNATURE_HEADER)
+            try:
+                length = content_length(self.headers.get("Content-Length"))
+                if not well_formed_signature(signature):
+                    raise Refusal(401, f"no well-formed {SIGNATURE_HEADER} header")
+            except Refusal as refusal:  # answered unread: the peer may still be sending
+                return self._answer(*server.refuse(refusal.status, str(refusal)))
             body = self.rfile.read(length)
-            self._answer(*server.handle_score(body, self.headers.get(SIGNATURE_HEADER)))
+            if len(body) < length:
+                return None  # cut at its deadline, or the peer hung up
+            answer = server.handle_score(body, signature, self.connection)
+            if answer is not None:
+                self._answer(*answer)
 
         def do_GET(self) -> None:  # noqa: N802
             if self.path.split("?")[0] != HEALTH_PATH:
@@ -219,6 +287,7 @@ def _handler_class(server: JudgeServer) -> type[BaseHTTPRequestHandler]:
             self.send_response(status)
             self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(body)))
+            self.send_header("Connection", "close")
             self.end_headers()
             self.wfile.write(body)
 

@@ -4,9 +4,11 @@ after its restart with nothing lost or judged twice."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -23,7 +25,7 @@ from relax_hpc.config import write_resolved_config
 from relax_hpc.config.compose import compose_run_config
 from relax_hpc.config.rewards import ClientConfig
 from relax_hpc.config.schema import JudgeConfig, ModelConfig
-from relax_hpc.judge.server import JudgeServer
+from relax_hpc.judge.server import MAX_BODY_BYTES, JudgeServer
 from relax_hpc.paths import RunPaths, read_json
 from relax_hpc.rollout.rewards.judge_address import (
     new_judge_address,
@@ -93,10 +95,15 @@ def served(tmp_path, judge_folder):
     scorer = build_judge_engine_scorer(judge_config(judge_folder), RewardContext(seed=0))
     started = []
 
-    def serve(delay_s: float = 0.0) -> JudgeServer:
+    def serve(delay_s: float = 0.0, **bounds) -> JudgeServer:
         address = new_judge_address("127.0.0.1", 0)
         server = JudgeServer(
-            SlowScorer(scorer, delay_s), address.token, "127.0.0.1", 0, instance=address.instance
+            SlowScorer(scorer, delay_s),
+            address.token,
+            "127.0.0.1",
+            0,
+            instance=address.instance,
+            **bounds,
         ).start()
         publish_judge_address(paths, replace(address, port=server.port))
         started.append(server)
@@ -143,6 +150,106 @@ def test_a_request_retried_after_a_timeout_is_judged_once(served):
     assert [r.score for r in results] == [1.0] * 6
     assert client.metrics()["retries_total"] >= 2  # it did time out and retry
     assert server.counts.scored == 6  # the retries joined the scoring in flight
+
+
+def half_request(port: int) -> socket.socket:
+    """A connection that sends half a request line and then waits."""
+    sock = socket.create_connection(("127.0.0.1", port))
+    sock.sendall(b"POST /v1/sc")
+    return sock
+
+
+def wait_until_cut(sock: socket.socket, timeout_s: float) -> None:
+    sock.settimeout(timeout_s)
+    try:
+        assert sock.recv(1024) == b""
+    except ConnectionResetError:
+        pass
+    finally:
+        sock.close()
+
+
+def status_of(port: int, head: bytes) -> int:
+    """The status the server answers to ``head`` (a request line and headers, no body)."""
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        sock.sendall(head)
+        return int(sock.makefile("rb").readline().split()[1])
+
+
+def test_idle_half_requests_are_cut_within_the_deadline_with_threads_bounded(served):
+    _, serve = served
+    server = serve(read_deadline_s=1.0, max_reading=16)
+    before = threading.active_count()
+    started = time.monotonic()
+    sockets, most_threads = [], 0
+    for _ in range(300):
+        sockets.append(half_request(server.port))
+        most_threads = max(most_threads, threading.active_count())
+    for sock in sockets:  # every one is cut: the oldest pushed out, the rest at the deadline
+        wait_until_cut(sock, timeout_s=max(0.1, started + 20.0 - time.monotonic()))
+    assert time.monotonic() - started < 1.0 + 10.0  # opening 300 took most of it
+    assert most_threads <= before + 16 + 4  # one thread per reading connection, no more
+    assert server.guard.counts() == (0, 0)  # the last 16 may end by their read timeout first
+    assert server.guard.cut >= 300 - 16
+
+
+def test_an_oversized_unsigned_body_is_refused_before_it_is_read(served):
+    _, serve = served
+    server = serve()
+    size = 60 << 20
+    for signature in ("", "X-Relax-Signature: sha256=" + "0" * 64 + "\r\n"):
+        with socket.create_connection(("127.0.0.1", server.port), timeout=10) as sock:
+            head = f"POST /v1/score HTTP/1.1\r\n{signature}Content-Length: {size}\r\n\r\n"
+            sock.sendall(head.encode())
+            assert int(sock.makefile("rb").readline().split()[1]) == 413  # before any body
+            sent, chunk = 0, b"x" * (1 << 20)
+            with pytest.raises(OSError):  # the server closed: the body cannot be delivered
+                while sent < size:
+                    sent += sock.send(chunk)
+            assert sent < 24 << 20  # socket buffers at most: the server never read the body
+    unsigned = f"POST /v1/score HTTP/1.1\r\nContent-Length: {MAX_BODY_BYTES}\r\n\r\n"
+    assert status_of(server.port, unsigned.encode()) == 401  # within the limit: unread too
+    assert server.counts.refused == 3 and server.counts.scored == 0
+
+
+def test_a_malformed_request_gets_400_and_no_traceback(served, capfd, caplog):
+    _, serve = served
+    server = serve()
+    for length in ("abc", "-5", "1e3", ""):
+        head = f"POST /v1/score HTTP/1.1\r\nContent-Length: {length}\r\n\r\n".encode()
+        assert status_of(server.port, head) == 400
+    assert status_of(server.port, b"POST /v1/score HTTP/1.1\r\n\r\n") == 400  # no length
+    assert status_of(server.port, b"GARBAGE\r\n\r\n") == 400  # bad request line
+    assert "Traceback" not in capfd.readouterr().err
+    assert not [record for record in caplog.records if record.exc_info]
+
+
+def test_a_signed_request_is_answered_while_the_port_is_flooded(served):
+    paths, serve = served
+    server = serve(read_deadline_s=1.0, max_reading=16)
+    done = threading.Event()
+    opened = []
+
+    def flood() -> None:
+        deadline = time.monotonic() + 60.0
+        while not done.is_set() and time.monotonic() < deadline and len(opened) < 5000:
+            with contextlib.suppress(OSError):
+                opened.append(half_request(server.port))
+            while len(opened) > 200:
+                opened.pop(0).close()
+
+    flooder = threading.Thread(target=flood)
+    flooder.start()
+    try:
+        time.sleep(0.5)
+        results = RemoteScorer("judge", JudgeTargets(paths), CLIENT).score(items(8))
+    finally:
+        done.set()
+        flooder.join()
+        for sock in opened:
+            sock.close()
+    assert [r.score for r in results] == [1.0] * 8
+    assert server.guard.cut > 16  # the flood was there, and was cut
 
 
 def start_peer(run_dir: Path, log: Path) -> subprocess.Popen:
