@@ -18,7 +18,9 @@
 
 What the miniature checks stays the recipe's own: reward (and its weights, judge template
 and verdict), algorithm, mode and staleness, data schema and keys, chat template setting.
-Families whose modality the CPU path cannot carry yet (vision, omni) are refused with a
+A vision family's tiny model is the built-in tiny one of ``models.multimodal`` (the same
+sizes, not warm-started) and its file data carries PNG images in the recipe's schema.
+Families whose modality the CPU path cannot carry yet (audio, omni) are refused with a
 ``ConfigError`` that says so.
 
 Must not: import torch or transformers (submit applies it right after composition).
@@ -51,8 +53,13 @@ _TINY_QWEN3 = {
     "tie_word_embeddings": True,
     "rope_theta": 10000.0,
 }
-# The tiny model of each architecture family, as config kwargs of its transformers class.
+# Modalities a miniature runs (resolve.RUNNABLE_MODALITIES: the trainer and engines carry them)
+MINIATURE_MODALITIES = ("text", "vision")
+MEDIA_TASK_EVAL_ROWS = 4  # media_task splits are balanced over 4 classes
+# The tiny model of each architecture family, as config kwargs of its transformers class
+# (a media family's: nested kwargs deep-merged over models.multimodal.TINY_ARCH).
 TINY_ARCHITECTURES: dict[str, dict] = {
+    "Qwen3VLForConditionalGeneration": {"text_config": {"hidden_size": 64, "num_hidden_layers": 2}},
     "Qwen3ForCausalLM": _TINY_QWEN3,
     "Qwen3MoeForCausalLM": {
         **_TINY_QWEN3,
@@ -67,12 +74,12 @@ TINY_ARCHITECTURES: dict[str, dict] = {
 
 def miniaturize(cfg: RunConfig, data_dir: Path) -> RunConfig:
     """The miniature of ``cfg``; its data files are to be written under ``data_dir``."""
-    if cfg.model.modality != "text":
+    if cfg.model.modality not in MINIATURE_MODALITIES:
         raise ConfigError(
             "model.modality",
             f"the miniature of {cfg.name} cannot run yet: {cfg.model.architecture} takes "
-            f"{cfg.model.modality} input and the CPU path carries text only until multimodal "
-            "support lands (README: Known limitations)",
+            f"{cfg.model.modality} input and the CPU path carries text and images; audio is "
+            "coming (README: Known limitations)",
         )
     if cfg.model.architecture not in TINY_ARCHITECTURES:
         raise ConfigError(
@@ -140,7 +147,8 @@ def _tiny_model(cfg: RunConfig):
         cfg.model,
         path=None,
         arch=dict(TINY_ARCHITECTURES[cfg.model.architecture]),
-        tokenizer="char",
+        # a built-in media model's tokenizer is its processor's (models/multimodal.py)
+        tokenizer="char" if cfg.model.modality == "text" else "auto",
         dtype="float32",  # CPU arithmetic
         reference_path=None,
         critic_path=None,
@@ -185,7 +193,8 @@ def _cpu_rollout(cfg: RunConfig):
 
 
 def _few_rows(cfg: RunConfig, data_dir: Path):
-    data = replace(cfg.data, eval_size=min(cfg.data.eval_size, EVAL_ROWS))
+    rows = MEDIA_TASK_EVAL_ROWS if cfg.data.kind == "media_task" else EVAL_ROWS
+    data = replace(cfg.data, eval_size=min(cfg.data.eval_size, rows))
     if data.kind not in ("jsonl", "parquet"):
         return data  # a built-in task needs no files
     evaluates = cfg.rollout.eval_interval_steps > 0

@@ -45,8 +45,8 @@ from relax_hpc.data.schemas import SCHEMAS
 TRAINER_BACKEND_LIBRARIES = {"torch": "torch", "megatron": "megatron.core"}
 ROLLOUT_BACKEND_LIBRARIES = {"transformers": "transformers", "sglang": "sglang"}
 FILE_KINDS = ("jsonl", "parquet")
-# What the trainer and the engines carry today; images and audio come with multimodal support.
-RUNNABLE_MODALITIES = ("text",)
+# What the trainer and the engines carry today (images: issue #28); audio comes next.
+RUNNABLE_MODALITIES = ("text", "vision")
 # The architectures the Megatron backend's HF <-> Megatron mapping covers (megatron_mapping).
 MEGATRON_ARCHITECTURES = ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM")
 
@@ -274,8 +274,8 @@ def check_modality(model: ModelConfig) -> None:
         raise ConfigError(
             "model.modality",
             f"{model.modality} ({model.architecture}) cannot run yet: the trainer and the "
-            "engines carry text only until multimodal support lands (README: Known "
-            "limitations); dry_run=true renders the job",
+            "engines carry text and images (model.modality=vision); audio is coming (README: "
+            "Known limitations); dry_run=true renders the job",
         )
 
 

@@ -147,3 +147,20 @@ def test_rendered_scripts_are_valid_bash(name, tmp_path):
     script = tmp_path / "job.sbatch"
     script.write_text(render_example(name))
     subprocess.run(["bash", "-n", str(script)], check=True)
+
+
+def test_the_vision_recipe_dry_run_renders_its_gpu_job(tmp_path, capsys):
+    """grpo_qwen3_vl: the torch/FSDP2 trainer (Megatron has no Qwen3-VL mapping) and SGLang
+    engines on 8 GPUs of one node, time-shared in sync mode; nothing is created."""
+    from relax_hpc import submit
+
+    run_dir = tmp_path / "run"
+    argv = ["+experiment=grpo_qwen3_vl", "cluster=slurm", f"run_dir={run_dir}", "dry_run=true"]
+    assert submit.run(argv) == 0
+    out = capsys.readouterr().out
+    assert "# --- trainer: torch, 1 node(s) x 8 GPU(s), 8 task(s) per node" in out
+    assert "# --- rollout: sglang, 1 node(s) x 8 GPU(s), 8 task(s) per node" in out
+    assert "#SBATCH --gpus-per-node=8" in out and "sync mode: both steps time-share" in out
+    assert f"relax_hpc.component trainer --run-dir {run_dir}" in out
+    assert f"relax_hpc.component rollout --run-dir {run_dir}" in out
+    assert not run_dir.exists()

@@ -98,6 +98,7 @@ class TransformersEngine(Engine):
         if self._host_copies is not None:
             return
         pinned = self.device.type == "cuda"
+        _own_storages(self.model)
         self._host_copies = []
         for storage in _unique_storages(self.model):
             host = torch.empty(storage.nbytes(), dtype=torch.uint8, pin_memory=pinned)
@@ -282,6 +283,20 @@ def _unique_storages(module: torch.nn.Module) -> list[torch.UntypedStorage]:
         if storage.nbytes():
             found.setdefault(storage.data_ptr(), storage)
     return list(found.values())
+
+
+def _own_storages(module: torch.nn.Module) -> None:
+    """Move tensors whose storage cannot be resized (memory-mapped from a safetensors file
+    when a CPU model is loaded from a folder) into memory of their own, so that
+    ``release_memory`` can empty it; tensors sharing a storage (tied weights) keep sharing."""
+    copies: dict[int, torch.UntypedStorage] = {}
+    with torch.no_grad():
+        for tensor in [*module.parameters(), *module.buffers()]:
+            storage = tensor.untyped_storage()
+            if storage.resizable() or not storage.nbytes():
+                continue
+            own = copies.setdefault(storage.data_ptr(), storage.clone())
+            tensor.set_(own, tensor.storage_offset(), tensor.size(), tensor.stride())
 
 
 def _eos_ids(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> frozenset[int]:

@@ -74,6 +74,22 @@ def test_weights_loaded_while_released_are_the_ones_generated_with():
     assert generate(engine) == expected
 
 
+def test_a_model_loaded_from_a_folder_releases_and_takes_back_its_weights(tmp_path):
+    """from_pretrained on CPU leaves the weights memory-mapped from the safetensors file
+    (storage that cannot be resized: mode=sync of a warm-started or folder model failed)."""
+    from transformers import AutoModelForCausalLM
+
+    tiny_model(seed=0).save_pretrained(tmp_path)
+    model = AutoModelForCausalLM.from_pretrained(tmp_path)
+    assert not all(p.untyped_storage().resizable() for p in model.parameters())
+    engine = TransformersEngine(model, build_char_tokenizer())
+    before, held = generate(engine), resident_bytes(engine)
+    engine.release_memory()
+    assert resident_bytes(engine) == 0 < held
+    assert generate(engine) == before
+    assert model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()
+
+
 class TrainerSide:
     """Stands in for the weight receiver: while the rollout waits, the trainer trains (the
     engine's memory is measured then), then its new weights arrive."""
