@@ -52,6 +52,8 @@ class ModelAndOptimizer:
         model_state, optim_state = get_state_dict(self.model, optimizers)
         if self.optimizer is not None and not stepped:
             self.optimizer.state.clear()  # drop the dummy step's state from the live optimizer
+        elif self.optimizer is not None:
+            _fill_unstepped(self.model, model_state, optim_state)
         return {
             "model": model_state,
             "optimizer": optim_state,
@@ -69,6 +71,41 @@ class ModelAndOptimizer:
         )
         if self.optimizer is not None and not bool(state["optimizer_stepped"]):
             self.optimizer.state.clear()  # saved before the first step: no state, no step count
+        elif self.optimizer is not None:
+            _drop_unstepped(self.optimizer)
+
+
+def _fill_unstepped(
+    model: torch.nn.Module, model_state: dict[str, Any], optim_state: dict[str, Any]
+) -> None:
+    """Zero state with step 0 for trainable parameters the optimizer never stepped (no
+    gradient yet: a tower no micro-batch has used, or a parameter the forward never reads,
+    as Qwen2.5-Omni's ``audio_tower.audio_bos_eos_token``). A fresh optimizer's template
+    has state for every trainable parameter (the dummy step), so a checkpoint without
+    theirs could not be loaded ("Missing key in checkpoint state_dict")."""
+    states = optim_state.get("state", {})
+    if not states:
+        return
+    example = next(iter(states.values()))
+    trainable = {name for name, p in model.named_parameters() if p.requires_grad}
+    for name in sorted(trainable & set(model_state) - set(states)):
+        value = model_state[name]
+        states[name] = {
+            key: torch.zeros_like(v) if v.dim() == 0 else torch.zeros_like(value)
+            for key, v in example.items()
+            if isinstance(v, torch.Tensor)
+        }
+
+
+def _drop_unstepped(optimizer: torch.optim.Optimizer) -> None:
+    """Remove the state ``_fill_unstepped`` saved (step 0): such a parameter holds no state
+    in the run that was never interrupted, and AdamW's first update from none and from a
+    zero state with step 0 differ in nothing, but an optimizer without a step counter
+    (SGD with momentum) does; only stepped optimizers' step-0 entries are dropped."""
+    for parameter, state in list(optimizer.state.items()):
+        step = state.get("step")
+        if isinstance(step, torch.Tensor) and float(step) == 0.0:
+            del optimizer.state[parameter]
 
 
 class OpaqueState:

@@ -69,3 +69,39 @@ def test_resume_is_bit_identical_including_before_the_first_step(tmp_path, kind,
     different = [name for (name, want), got in named if not torch.equal(want, got)]
     assert different == [], f"differ after a resume at step {stop_step}"
     assert live_kept, "saving the checkpoint changed the live optimizer's state"
+
+
+class _WithUnused(torch.nn.Module):
+    """A parameter the forward never reads (as Qwen2.5-Omni's ``audio_bos_eos_token``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = torch.nn.Linear(3, 2)
+        self.unused = torch.nn.Embedding(2, 3)
+
+    def forward(self, inputs: torch.Tensor) -> torch.Tensor:
+        return self.body(inputs)
+
+
+def test_a_parameter_without_gradients_resumes_bit_identically(tmp_path):
+    def fresh():
+        torch.manual_seed(0)
+        model = _WithUnused()
+        return model, OPTIMIZERS["adamw"](model.parameters())
+
+    paths = RunPaths(tmp_path / "run").create()
+    model, optimizer = fresh()
+    _train(model, optimizer, range(2))
+    assert model.unused.weight not in optimizer.state
+    CheckpointStore(paths, keep=1).save(2, {"policy": ModelAndOptimizer(model, optimizer)})
+    assert model.unused.weight not in optimizer.state  # the live optimizer left as it was
+    _train(model, optimizer, range(2, NUM_STEPS))
+
+    resumed, resumed_optimizer = fresh()
+    CheckpointStore(paths, keep=1).load(
+        latest_checkpoint(paths), {"policy": ModelAndOptimizer(resumed, resumed_optimizer)}
+    )
+    assert resumed.unused.weight not in resumed_optimizer.state
+    _train(resumed, resumed_optimizer, range(2, NUM_STEPS))
+    for name, value in model.state_dict().items():
+        assert torch.equal(resumed.state_dict()[name], value), name
