@@ -101,6 +101,8 @@ def is_running(pid: int) -> bool:
 
 
 def run_task_pids(run_dir) -> list[int]:
+    """The processes of a local run's tasks: the trainer, and per rollout task its keeper
+    and the worker the keeper runs (launch/keeper.py): 3 for one trainer and one worker."""
     pattern = f"relax_hpc.component (trainer|rollout) --run-dir {run_dir}"
     found = subprocess.run(["pgrep", "-f", pattern], capture_output=True, text=True, timeout=30)
     return [int(pid) for pid in found.stdout.split()]

@@ -97,7 +97,7 @@ def faulty_run(tmp_path_factory):
         wait_for_step(paths.trainer_status, 3, first, timeout_s=300)
         wait_for_a_step_in_flight(markers / "step", first)
         tasks = run_task_pids(run_dir)
-        assert len(tasks) == 2, tasks
+        assert len(tasks) == 3, tasks  # the trainer, the rollout's keeper and its worker
         for pid in tasks:
             os.kill(pid, signal.SIGKILL)  # no warning, no final checkpoint, episodes in flight
         _, first_stderr = first.communicate(timeout=120)

@@ -197,7 +197,7 @@ def test_a_sigkilled_supervisor_leaves_no_task_behind(tmp_path):
     paths = RunPaths(run_dir)
     wait_for_step(paths.trainer_status, 3, supervisor, timeout_s=600)
     tasks = run_task_pids(run_dir)
-    assert len(tasks) == 2, tasks
+    assert len(tasks) == 3, tasks  # the trainer, the rollout's keeper and its worker
     supervisor.kill()
     supervisor.communicate(timeout=60)
     deadline = time.monotonic() + 180
