@@ -5,7 +5,9 @@ What the trainer calls (see docs/algorithms.md for the formulas)::
     spec = resolve(cfg)                       # AlgoConfig -> AlgorithmSpec, once per run
     advantages_BT, returns_BT = compute_advantages(
         spec, rewards_B, response_mask_BT, group_ids_B,
-        values_BT=None, old_logprobs_BT=None, ref_logprobs_BT=None, teacher_logprobs_BT=None)
+        values_BT=None, old_logprobs_BT=None, ref_logprobs_BT=None, teacher_logprobs_BT=None,
+        scored_B=None)                        # False: the sample's reward failed
+    trained_B = trained_samples(spec, scored_B, group_ids_B)   # the rest: mask out of the loss
     loss, metrics = actor_loss(
         spec, logprobs_BT, old_logprobs_BT, advantages_BT, response_mask_BT,
         rollout_logprobs_BT=None, ref_logprobs_BT=None, entropy_BT=None,
@@ -37,7 +39,13 @@ from relax_hpc.algo.advantages import (
     rloo_advantages,
 )
 from relax_hpc.algo.aggregation import aggregate, masked_mean, masked_sum, masked_whiten
-from relax_hpc.algo.api import actor_loss, compute_advantages, value_loss
+from relax_hpc.algo.api import (
+    actor_loss,
+    compute_advantages,
+    dropped_groups,
+    trained_samples,
+    value_loss,
+)
 from relax_hpc.algo.distillation import opd_divergence, opd_loss_per_token, opd_shaped_advantages
 from relax_hpc.algo.kl import kl_penalty, reward_kl_penalty
 from relax_hpc.algo.losses import (
@@ -65,6 +73,7 @@ __all__ = [
     "clipped_value_loss",
     "compute_advantages",
     "discounted_returns",
+    "dropped_groups",
     "dr_grpo_advantages",
     "entropy_from_logits",
     "gae_advantages",
@@ -89,6 +98,7 @@ __all__ = [
     "reward_kl_penalty",
     "rloo_advantages",
     "sapo_loss",
+    "trained_samples",
     "truncated_is_weights",
     "value_loss",
 ]

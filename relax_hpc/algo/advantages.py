@@ -9,6 +9,12 @@ Whole-batch statistics (GRPO groups, REINFORCE++ normalisation, whitening) are t
 what is passed in: call these on the whole step batch, with complete groups, before it is
 split across data-parallel ranks.
 
+``scored_B`` (bool, optional; None = every sample scored): False for a sample whose reward
+failed (a judge that timed out, an endpoint that was down): its score says nothing, so it
+enters no statistic and gets advantage 0. A group left with fewer than
+``MIN_SCORED_PER_GROUP`` scored samples has no baseline: all of its samples get 0
+(``trained_samples`` says which samples remain; the trainer masks the rest out of the loss).
+
 Must not: call torch.distributed, do I/O, or import anything outside algo.
 """
 
@@ -21,46 +27,83 @@ from relax_hpc.algo.aggregation import masked_sum, masked_whiten, select
 
 # Added to the group std (not inside a sqrt), so an all-equal group gives 0, not NaN.
 GRPO_STD_EPS = 1e-6
+# A baseline of one scored sample is that sample itself: its group teaches nothing.
+MIN_SCORED_PER_GROUP = 2
+
+
+def trained_samples(scored_B: Tensor | None, group_ids_B: Tensor) -> Tensor:
+    """bool ``[B]``: scored samples of groups with at least ``MIN_SCORED_PER_GROUP`` scored
+    samples, the ones group statistics and the loss use."""
+    inverse_B, counts_G = _group_index(group_ids_B)
+    if scored_B is None:
+        return torch.ones(inverse_B.shape, dtype=torch.bool, device=inverse_B.device)
+    scored_B = scored_B.bool().to(inverse_B.device)
+    scored_G = torch.zeros_like(counts_G).index_add_(0, inverse_B, scored_B.long())
+    return scored_B & (scored_G[inverse_B] >= MIN_SCORED_PER_GROUP)
+
+
+def num_dropped_groups(scored_B: Tensor | None, group_ids_B: Tensor) -> int:
+    """Groups left with fewer than ``MIN_SCORED_PER_GROUP`` scored samples."""
+    inverse_B, counts_G = _group_index(group_ids_B)
+    if scored_B is None:
+        return 0
+    scored_B = scored_B.bool().to(inverse_B.device)
+    scored_G = torch.zeros_like(counts_G).index_add_(0, inverse_B, scored_B.long())
+    return int((scored_G < MIN_SCORED_PER_GROUP).sum())
 
 
 def grpo_advantages(
-    scores_B: Tensor, response_mask_BT: Tensor, group_ids_B: Tensor, eps: float = GRPO_STD_EPS
+    scores_B: Tensor,
+    response_mask_BT: Tensor,
+    group_ids_B: Tensor,
+    eps: float = GRPO_STD_EPS,
+    scored_B: Tensor | None = None,
 ) -> Tensor:
     """GRPO: ``(s - mean_g) / (std_g + eps)``, unbiased std of the centred group scores."""
     with torch.no_grad():
-        centred_B = _centred(scores_B, group_ids_B)
-        inverse_B, counts_G = _group_index(group_ids_B)
-        sq_sums_G = torch.zeros_like(counts_G, dtype=centred_B.dtype)
-        sq_sums_G.index_add_(0, inverse_B, centred_B**2)
-        std_B = torch.sqrt(sq_sums_G / (counts_G - 1))[inverse_B]
+        kept_B = trained_samples(scored_B, group_ids_B)
+        centred_B = _centred(scores_B, group_ids_B, kept_B)
+        inverse_B, _ = _group_index(group_ids_B)
+        kept_G = _kept_per_group(kept_B, inverse_B).to(centred_B.dtype)
+        sq_sums_G = torch.zeros_like(kept_G).index_add_(0, inverse_B, centred_B**2)
+        std_B = torch.sqrt(sq_sums_G / (kept_G - 1).clamp(min=1))[inverse_B]
         normalised_B = (centred_B / (std_B + eps)).to(scores_B.dtype)
         return broadcast_to_tokens(normalised_B, response_mask_BT)
 
 
-def dr_grpo_advantages(scores_B: Tensor, response_mask_BT: Tensor, group_ids_B: Tensor) -> Tensor:
+def dr_grpo_advantages(
+    scores_B: Tensor, response_mask_BT: Tensor, group_ids_B: Tensor, scored_B: Tensor | None = None
+) -> Tensor:
     """Dr. GRPO: ``s - mean_g`` (no std division, which biases towards easy/hard groups)."""
     with torch.no_grad():
-        centred_B = _centred(scores_B, group_ids_B).to(scores_B.dtype)
+        kept_B = trained_samples(scored_B, group_ids_B)
+        centred_B = _centred(scores_B, group_ids_B, kept_B).to(scores_B.dtype)
         return broadcast_to_tokens(centred_B, response_mask_BT)
 
 
-def rloo_advantages(scores_B: Tensor, response_mask_BT: Tensor, group_ids_B: Tensor) -> Tensor:
-    """RLOO: ``s_i - mean of the others = G / (G - 1) * (s_i - mean_g)``."""
+def rloo_advantages(
+    scores_B: Tensor, response_mask_BT: Tensor, group_ids_B: Tensor, scored_B: Tensor | None = None
+) -> Tensor:
+    """RLOO: ``s_i - mean of the others = G / (G - 1) * (s_i - mean_g)`` (G: scored ones)."""
     with torch.no_grad():
-        inverse_B, counts_G = _group_index(group_ids_B)
-        group_size_B = counts_G[inverse_B].to(torch.float64)
-        leave_one_out_B = group_size_B / (group_size_B - 1) * _centred(scores_B, group_ids_B)
+        kept_B = trained_samples(scored_B, group_ids_B)
+        inverse_B, _ = _group_index(group_ids_B)
+        size_B = _kept_per_group(kept_B, inverse_B)[inverse_B].to(torch.float64)
+        factor_B = size_B / (size_B - 1).clamp(min=1)
+        leave_one_out_B = factor_B * _centred(scores_B, group_ids_B, kept_B)
         return broadcast_to_tokens(leave_one_out_B.to(scores_B.dtype), response_mask_BT)
 
 
 def reinforce_pp_baseline_advantages(
-    scores_B: Tensor, response_mask_BT: Tensor, group_ids_B: Tensor
+    scores_B: Tensor, response_mask_BT: Tensor, group_ids_B: Tensor, scored_B: Tensor | None = None
 ) -> Tensor:
-    """REINFORCE++-baseline: ``s - mean_g`` on valid tokens, whitened over the batch."""
+    """REINFORCE++-baseline: ``s - mean_g`` on valid tokens, whitened over the batch (over
+    the tokens of trained samples only)."""
     with torch.no_grad():
-        return masked_whiten(
-            dr_grpo_advantages(scores_B, response_mask_BT, group_ids_B), response_mask_BT
-        )
+        kept_B = trained_samples(scored_B, group_ids_B)
+        mask_BT = response_mask_BT.bool() & kept_B[:, None].to(response_mask_BT.device)
+        centred_BT = dr_grpo_advantages(scores_B, response_mask_BT, group_ids_B, scored_B)
+        return masked_whiten(centred_BT, mask_BT)
 
 
 def reinforce_pp_advantages(
@@ -159,16 +202,25 @@ def _group_index(group_ids_B: Tensor) -> tuple[Tensor, Tensor]:
     return inverse_B, counts_G
 
 
-def _centred(scores_B: Tensor, group_ids_B: Tensor) -> Tensor:
-    """``s - mean_g`` in float64: a float32 mean of near-equal scores is off by whole ulps,
-    which near-zero-std groups then amplify. Non-finite scores are rejected (they would
-    poison every baseline of their group)."""
-    finite_B = torch.isfinite(scores_B)
-    if not bool(finite_B.all()):
-        bad = torch.nonzero(~finite_B).flatten().tolist()
+def _kept_per_group(kept_B: Tensor, inverse_B: Tensor) -> Tensor:
+    num_groups = int(inverse_B.max()) + 1
+    return torch.zeros(num_groups, dtype=torch.long, device=inverse_B.device).index_add_(
+        0, inverse_B, kept_B.long()
+    )
+
+
+def _centred(scores_B: Tensor, group_ids_B: Tensor, kept_B: Tensor) -> Tensor:
+    """``s - mean_g`` over the ``kept_B`` samples (0 for the others) in float64: a float32
+    mean of near-equal scores is off by whole ulps, which near-zero-std groups then amplify.
+    Non-finite scores of kept samples are rejected (they would poison every baseline of
+    their group)."""
+    bad_B = kept_B & ~torch.isfinite(scores_B)
+    if bool(bad_B.any()):
+        bad = torch.nonzero(bad_B).flatten().tolist()
         raise ValueError(f"non-finite reward for samples {bad}; fix the reward function")
-    scores_B = scores_B.to(torch.float64)
-    inverse_B, counts_G = _group_index(group_ids_B)
-    sums_G = torch.zeros_like(counts_G, dtype=scores_B.dtype)
-    sums_G.index_add_(0, inverse_B, scores_B)
-    return scores_B - (sums_G / counts_G)[inverse_B]
+    scores_B = torch.where(kept_B, scores_B.to(torch.float64), 0.0)
+    inverse_B, _ = _group_index(group_ids_B)
+    kept_G = _kept_per_group(kept_B, inverse_B).to(scores_B.dtype)
+    sums_G = torch.zeros_like(kept_G).index_add_(0, inverse_B, scores_B)
+    means_B = (sums_G / kept_G.clamp(min=1))[inverse_B]
+    return torch.where(kept_B, scores_B - means_B, 0.0)

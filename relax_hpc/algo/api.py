@@ -18,6 +18,7 @@ import functools
 import torch
 from torch import Tensor
 
+from relax_hpc.algo import advantages as adv
 from relax_hpc.algo.aggregation import aggregate, masked_whiten
 from relax_hpc.algo.distillation import opd_loss_per_token, opd_shaped_advantages
 from relax_hpc.algo.kl import kl_penalty, reward_kl_penalty
@@ -31,6 +32,29 @@ def as_spec(algo: AlgorithmSpec | AlgoConfig) -> AlgorithmSpec:
     return algo if isinstance(algo, AlgorithmSpec) else resolve(algo)
 
 
+def trained_samples(
+    algo: AlgorithmSpec | AlgoConfig, scored_B: Tensor | None, group_ids_B: Tensor | None
+) -> Tensor | None:
+    """bool ``[B]``: the samples that carry a gradient when ``scored_B`` is False for those
+    whose reward failed; None when every sample does. A group estimator also drops the
+    groups left with fewer than two scored samples (``advantages.trained_samples``)."""
+    if scored_B is None:
+        return None
+    spec = as_spec(algo)
+    if spec.group_based and group_ids_B is not None:
+        return adv.trained_samples(scored_B, group_ids_B)
+    return scored_B.bool()
+
+
+def dropped_groups(
+    algo: AlgorithmSpec | AlgoConfig, scored_B: Tensor | None, group_ids_B: Tensor | None
+) -> int:
+    """Groups that ``trained_samples`` drops for want of two scored samples."""
+    if scored_B is None or group_ids_B is None or not as_spec(algo).group_based:
+        return 0
+    return adv.num_dropped_groups(scored_B, group_ids_B)
+
+
 def compute_advantages(
     algo: AlgorithmSpec | AlgoConfig,
     rewards_B: Tensor,
@@ -40,16 +64,22 @@ def compute_advantages(
     old_logprobs_BT: Tensor | None = None,
     ref_logprobs_BT: Tensor | None = None,
     teacher_logprobs_BT: Tensor | None = None,
+    scored_B: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
     """Advantages and returns, ``[B, T]``, 0 outside the mask; call on the whole step batch.
 
     Order: KL-in-reward shaping -> estimator -> distillation shaping -> optional whitening.
     ``old_logprobs_BT`` are the trainer's log-probs of the rollout policy (KL in reward and
-    the student side of distillation).
+    the student side of distillation). ``scored_B`` False: the sample's reward failed; it
+    and the samples ``trained_samples`` drops get 0 and enter no statistic (group means and
+    stds, batch whitening).
     """
     spec = as_spec(algo)
     cfg = spec.config
     mask_BT = response_mask_BT.bool()
+    trained_B = trained_samples(spec, scored_B, group_ids_B)
+    if trained_B is not None:
+        mask_BT = mask_BT & trained_B.to(mask_BT.device)[:, None]
     rewards_B = rewards_B.to(torch.float32) if not rewards_B.is_floating_point() else rewards_B
     reward_kl_BT = None
     if cfg.kl_in_reward_coef > 0:
@@ -65,7 +95,7 @@ def compute_advantages(
         advantages_BT = torch.zeros(mask_BT.shape, dtype=rewards_B.dtype, device=mask_BT.device)
         returns_BT = advantages_BT
     else:
-        inputs = AdvantageInputs(rewards_B, mask_BT, group_ids_B, values_BT, reward_kl_BT)
+        inputs = AdvantageInputs(rewards_B, mask_BT, group_ids_B, values_BT, reward_kl_BT, scored_B)
         advantages_BT, returns_BT = spec.estimate_advantages(inputs)
     if spec.needs_teacher and cfg.opd_mode == "advantage":
         advantages_BT = opd_shaped_advantages(

@@ -24,13 +24,15 @@ from relax_hpc.config.algo import GROUP_ESTIMATORS, AlgoConfig
 
 @dataclass(frozen=True)
 class AdvantageInputs:
-    """What an estimator may read; ``reward_kl_BT`` is the KL-in-reward penalty or None."""
+    """What an estimator may read; ``reward_kl_BT`` is the KL-in-reward penalty or None;
+    ``scored_B`` False for samples whose reward failed (None: all scored)."""
 
     scores_B: Tensor
     response_mask_BT: Tensor
     group_ids_B: Tensor | None = None
     values_BT: Tensor | None = None
     reward_kl_BT: Tensor | None = None
+    scored_B: Tensor | None = None
 
 
 AdvantageFn = Callable[[AdvantageInputs], tuple[Tensor, Tensor]]
@@ -95,7 +97,7 @@ def _reinforce_pp(cfg: AlgoConfig, x: AdvantageInputs) -> tuple[Tensor, Tensor]:
 
 
 def _group_estimator(
-    per_group: Callable[[Tensor, Tensor, Tensor], Tensor],
+    per_group: Callable[..., Tensor],
 ) -> Callable[[AlgoConfig, AdvantageInputs], tuple[Tensor, Tensor]]:
     """Adapt an outcome estimator; KL-in-reward is folded into the sample's score."""
 
@@ -103,7 +105,7 @@ def _group_estimator(
         if x.group_ids_B is None:
             raise ValueError(f"the {cfg.advantage_estimator} estimator needs group_ids_B")
         scores_B = adv.kl_shaped_scores(x.scores_B, x.response_mask_BT, x.reward_kl_BT)
-        advantages_BT = per_group(scores_B, x.response_mask_BT, x.group_ids_B)
+        advantages_BT = per_group(scores_B, x.response_mask_BT, x.group_ids_B, scored_B=x.scored_B)
         return advantages_BT, advantages_BT  # returns = advantages for outcome estimators
 
     return estimate

@@ -38,6 +38,15 @@ def print_summary(paths: RunPaths, end: StartEnd) -> None:
         print(f"relax_hpc: {line}", file=sys.stderr)
 
 
+def failed_rewards(metrics: dict) -> str:
+    """Samples trained with no weight because their reward failed, when there are any."""
+    failed = metrics.get("rewards/failed_samples_total", 0.0)
+    if not failed:
+        return ""
+    dropped = metrics.get("rewards/dropped_groups_total", 0.0)
+    return f" | reward failed {failed:.0f} (groups dropped {dropped:.0f})"
+
+
 class ProgressReporter:
     """A console progress line with ETA, from the trainer's status file.
 
@@ -72,7 +81,7 @@ class ProgressReporter:
         accuracy = f" | eval {evals[-1]['accuracy']:.1%}" if evals else ""
         return (
             f"[{_bar(step, self.total_steps)}] step {step}/{self.total_steps} | reward {metrics.get('reward/mean', 0.0):.3f}"
-            f"{accuracy}{self.episodes()} | {rate:.2f} steps/s | ETA {eta}"
+            f"{accuracy}{failed_rewards(metrics)}{self.episodes()} | {rate:.2f} steps/s | ETA {eta}"
         )
 
     def warm_start_line(self) -> str | None:

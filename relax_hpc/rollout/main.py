@@ -226,8 +226,9 @@ class SampleScorer:
         scored = []
         for result in self.scorer.score(items):
             details = dict(result.details)
-            if result.failed:
+            if result.failed:  # Sample.reward_failed: trained with no loss weight
                 details["failed"] = result.failed
+                details["reward_failed"] = True
             scored.append((result.score, details))
         return scored
 

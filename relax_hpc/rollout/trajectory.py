@@ -13,7 +13,8 @@ model token in ``response_ids``. The last turn has no observation (the episode e
 ``finish_reason`` = the end reason, ``num_turns``, ``policy_version`` = the oldest turn's,
 and in ``metadata``: ``turns`` ([start, model tokens, observation tokens] per turn),
 ``tool_calls``, ``tool_status`` (calls per status other than ok), ``observation_tokens``,
-plus the environment's info under ``env``.
+plus the environment's info under ``env``. A reward the environment could not compute
+(``info["reward_failed"]``) sets ``reward_details["reward_failed"]`` (``Sample.reward_failed``).
 
 ``episode_metrics`` summarises a batch of trajectories for TensorBoard and the progress line.
 
@@ -121,6 +122,7 @@ def to_sample(trajectory: Trajectory, group_id: str, data_index: int) -> Sample:
         finish_reason=t.end_reason,
         num_turns=t.num_turns,
         timings_s={"episode": round(t.wall_s, 4), "tools": round(t.tool_wall_s, 4)},
+        reward_details=reward_failure(t.info),
         metadata={
             "turns": [
                 [turn.start, turn.num_model_tokens, turn.num_observation_tokens] for turn in t.turns
@@ -131,6 +133,13 @@ def to_sample(trajectory: Trajectory, group_id: str, data_index: int) -> Sample:
             "env": t.info,
         },
     )
+
+
+def reward_failure(info: dict[str, Any]) -> dict[str, Any]:
+    """The environment could not compute the reward (its ``info["reward_failed"]`` says
+    why): the sample's ``Sample.reward_failed`` flag and reason."""
+    reason = info.get("reward_failed")
+    return {"reward_failed": True, "failed": str(reason)} if reason else {}
 
 
 def episode_metrics(trajectories: list[Trajectory]) -> dict[str, float]:

@@ -58,5 +58,14 @@ class Sample:
     metadata: dict[str, Any] = field(default_factory=dict)  # small, JSON-able
 
     @property
+    def reward_failed(self) -> bool:
+        """No reward could be computed (a judge that timed out, an endpoint that was down):
+        ``reward_details["reward_failed"]``, the reason under ``"failed"``. Shards written
+        before the flag carry the reason only, which says the same. The trainer masks such
+        samples out of the loss; they are consumed like any other."""
+        details = self.reward_details
+        return bool(details.get("reward_failed") or details.get("failed"))
+
+    @property
     def num_tokens(self) -> int:
         return int(len(self.prompt_token_ids) + len(self.response_token_ids))

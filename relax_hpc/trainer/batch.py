@@ -39,6 +39,8 @@ class TrainBatch:
     sample_ids: list[str]
     # Per row its media inputs (rows of a group share one object); None: a text-only batch.
     media: MediaBatch | None = None
+    # bool, True where no reward could be computed (Sample.reward_failed); None: none failed
+    reward_failed_B: torch.Tensor | None = None
 
     @property
     def num_samples(self) -> int:
@@ -52,7 +54,7 @@ class TrainBatch:
         """The sub-batch of ``rows``, trimmed to its own longest sequence."""
         rows = torch.as_tensor(rows, dtype=torch.long)
         picked = {
-            f.name: getattr(self, f.name)[rows]
+            f.name: None if getattr(self, f.name) is None else getattr(self, f.name)[rows]
             for f in fields(self)
             if f.name not in ("sample_ids", "media")
         }
@@ -121,6 +123,7 @@ def collate(
         policy_version_B=torch.tensor([s.policy_version for s in samples], dtype=torch.long),
         sample_ids=[s.sample_id for s in samples],
         media=collate_group_media(groups, processor),
+        reward_failed_B=torch.tensor([s.reward_failed for s in samples], dtype=torch.bool),
     )
 
 

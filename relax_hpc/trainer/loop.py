@@ -15,6 +15,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import torch
+
 from relax_hpc import exitcodes
 from relax_hpc.algo import AlgorithmSpec
 from relax_hpc.checkpoint.stateful import OpaqueState, RngState
@@ -25,6 +27,7 @@ from relax_hpc.spool import SpoolReader, SpoolTimeout
 from relax_hpc.trainer.backend import TrainerBackend
 from relax_hpc.trainer.batch import TrainBatch, collate
 from relax_hpc.trainer.update import (
+    mask_failed_rewards,
     old_logprobs_are_current,
     prepare_step,
     update_critic,
@@ -43,6 +46,8 @@ class Progress:
     step: int = 0
     samples: int = 0
     tokens: int = 0
+    failed_samples: int = 0  # rewards that could not be computed: trained with no weight
+    dropped_groups: int = 0  # groups left with fewer than two scored samples
     history: list[dict] = field(default_factory=list)  # per-step reward/accuracy summary
     sample_ids: list[list[str]] = field(default_factory=list)  # per step, when audited
 
@@ -158,6 +163,28 @@ class Trainer:
     def train_step(self, groups: list) -> dict[str, float]:
         s = self.settings
         batch = collate(groups, s.pad_token_id, self.media_processor)
+        trained, failures = mask_failed_rewards(self.spec, batch)
+        if bool(trained.response_mask_BT.any()):
+            metrics = self.update(trained)
+        else:  # an update without a gradient would still move the weights (momentum)
+            log.warning("trainer: no sample of this step has a reward; it trains nothing")
+            metrics = {}
+        self.progress.step += 1
+        self.progress.failed_samples += int(failures["rewards/failed_samples"])
+        self.progress.dropped_groups += int(failures["rewards/dropped_groups"])
+        metrics.update(failures)
+        self.progress.samples += batch.num_samples
+        self.progress.tokens += batch.num_tokens
+        if s.audit_sample_ids:
+            self.progress.sample_ids.append(list(batch.sample_ids))
+        if self.reader is not None:
+            self.reader.mark_step_consumed(self.progress.step)
+        metrics.update(self.batch_metrics(batch))
+        return metrics
+
+    def update(self, batch: TrainBatch) -> dict[str, float]:
+        """The step's optimiser updates on ``batch``; their metrics."""
+        s = self.settings
         plan = (s.epochs_per_step, s.mini_batches_per_step, s.rank, s.world_size)
         with self.timer.phase("prepare"):
             tensors = prepare_step(
@@ -169,14 +196,6 @@ class Trainer:
             )
             if self.nets.critic is not None:
                 metrics.update(update_critic(self.spec, batch, tensors, self.nets.critic, plan))
-        self.progress.step += 1
-        self.progress.samples += batch.num_samples
-        self.progress.tokens += batch.num_tokens
-        if s.audit_sample_ids:
-            self.progress.sample_ids.append(list(batch.sample_ids))
-        if self.reader is not None:
-            self.reader.mark_step_consumed(self.progress.step)
-        metrics.update(self.batch_metrics(batch))
         return metrics
 
     def publish(self) -> dict[str, float]:
@@ -248,7 +267,11 @@ class Trainer:
         )
 
     def batch_metrics(self, batch: TrainBatch) -> dict[str, float]:
-        rewards = batch.rewards_B
+        rewards = batch.rewards_B  # of the samples whose reward was computed
+        if batch.reward_failed_B is not None and bool(batch.reward_failed_B.any()):
+            rewards = rewards[~batch.reward_failed_B]
+        if rewards.numel() == 0:
+            rewards = torch.zeros(1)
         response_len = batch.response_len_B.float()
         staleness = (self.progress.policy_version - 1 - batch.policy_version_B).float()
         return {
@@ -263,6 +286,8 @@ class Trainer:
             "staleness/max": float(staleness.max()),
             "progress/samples": float(self.progress.samples),
             "progress/tokens": float(self.progress.tokens),
+            "rewards/failed_samples_total": float(self.progress.failed_samples),
+            "rewards/dropped_groups_total": float(self.progress.dropped_groups),
         }
 
 

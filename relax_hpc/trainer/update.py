@@ -8,12 +8,19 @@ result does not depend on the number of ranks (``relax_hpc.algo`` aggregation).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from torch import Tensor
 
-from relax_hpc.algo import AlgorithmSpec, actor_loss, compute_advantages, value_loss
+from relax_hpc.algo import (
+    AlgorithmSpec,
+    actor_loss,
+    compute_advantages,
+    dropped_groups,
+    trained_samples,
+    value_loss,
+)
 from relax_hpc.trainer.backend import Model, Networks
 from relax_hpc.trainer.batch import TrainBatch
 
@@ -34,6 +41,28 @@ class StepTensors:
             return None if t is None else t[index][:, :width]
 
         return StepTensors(**{k: pick(v) for k, v in self.__dict__.items()})
+
+
+def scored_samples(batch: TrainBatch) -> Tensor | None:
+    """bool ``[B]``: samples whose reward was computed; None when every one was."""
+    failed_B = batch.reward_failed_B
+    return None if failed_B is None or not bool(failed_B.any()) else ~failed_B
+
+
+def mask_failed_rewards(spec: AlgorithmSpec, batch: TrainBatch) -> tuple[TrainBatch, dict]:
+    """The batch with the samples whose reward failed, and the groups they leave without a
+    baseline, masked out of the loss (zero loss weight: they are consumed all the same),
+    and their counts for TensorBoard."""
+    scored_B = scored_samples(batch)
+    trained_B = trained_samples(spec, scored_B, batch.group_index_B)
+    counts = {
+        "rewards/failed_samples": 0.0 if scored_B is None else float((~scored_B).sum()),
+        "rewards/dropped_groups": float(dropped_groups(spec, scored_B, batch.group_index_B)),
+    }
+    if trained_B is None:
+        return batch, counts
+    mask_BT = batch.response_mask_BT * trained_B[:, None].to(batch.response_mask_BT.dtype)
+    return replace(batch, response_mask_BT=mask_BT), counts
 
 
 def old_logprobs_are_current(
@@ -92,6 +121,7 @@ def prepare_step(
         old_logprobs_BT=old,
         ref_logprobs_BT=ref,
         teacher_logprobs_BT=teacher,
+        scored_B=scored_samples(batch),
     )
     return StepTensors(old, advantages, returns, ref, teacher, values)
 

@@ -110,6 +110,9 @@ def test_a_failing_remote_endpoint_costs_samples_not_the_run(tmp_path):
     assert rollout["rewards/safety/failed_total"][-1] >= 2  # given up on, with a reason
     assert rollout["rewards/safety/retries_total"][-1] >= 3
     assert rollout["rewards/safety/circuit_opened_total"][-1] >= 1  # and it closed again
+    trainer = scalars(paths.trainer_tensorboard_dir)  # trained with no weight, and counted
+    assert trainer["rewards/failed_samples_total"][-1] >= 2
+    assert sum(trainer["rewards/failed_samples"]) == trainer["rewards/failed_samples_total"][-1]
     log = paths.task_log("rollout", 0).read_text()
     assert "safety: gave up after" in log and "HTTP 500" in log
     leaked = [

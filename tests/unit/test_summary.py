@@ -33,6 +33,16 @@ def test_progress_line_shows_rate_eta_and_eval(tmp_path, fake_clock):
     assert stream.getvalue().startswith("relax_hpc: [")  # not a terminal: whole lines
 
 
+def test_progress_line_counts_samples_whose_reward_failed(tmp_path, fake_clock):
+    paths = RunPaths(tmp_path).create()
+    reporter = ProgressReporter(paths, total_steps=10, stream=io.StringIO(), clock=fake_clock())
+    atomic_write_json(paths.trainer_status, {"step": 2, "metrics": {"reward/mean": 0.5}})
+    assert "failed" not in reporter.line()
+    metrics = {"rewards/failed_samples_total": 12.0, "rewards/dropped_groups_total": 1.0}
+    atomic_write_json(paths.trainer_status, {"step": 3, "metrics": metrics})
+    assert "| reward failed 12 (groups dropped 1) |" in reporter.line()
+
+
 def test_progress_line_of_a_multi_turn_run_shows_its_episodes(tmp_path, fake_clock):
     paths = RunPaths(tmp_path).create()
     reporter = ProgressReporter(paths, total_steps=10, stream=io.StringIO(), clock=fake_clock())

@@ -86,21 +86,36 @@ def broadcast(per_sample: list[float], m: list[list[float]]) -> list[list[float]
     return [[per_sample[i] if m[i][t] else 0.0 for t in range(len(m[i]))] for i in range(len(m))]
 
 
-def grpo(scores, m, groups, divide_by_std=True, eps=1e-6):
+def kept(scored, groups) -> list[bool]:
+    """Scored samples of groups with at least two scored samples (None: all scored)."""
+    if scored is None:
+        return [True] * len(groups)
+    return [
+        bool(scored[i]) and sum(bool(scored[j]) for j in group_members(groups, i)) >= 2
+        for i in range(len(groups))
+    ]
+
+
+def grpo(scores, m, groups, divide_by_std=True, eps=1e-6, scored=None):
+    keep = kept(scored, groups)
     out = []
     for i in range(len(scores)):
-        members = [scores[j] for j in group_members(groups, i)]
+        if not keep[i]:
+            out.append(0.0)
+            continue
+        members = [scores[j] for j in group_members(groups, i) if keep[j]]
         mu = sum(members) / len(members)
         std = math.sqrt(sum((s - mu) ** 2 for s in members) / (len(members) - 1))
         out.append((scores[i] - mu) / (std + eps) if divide_by_std else scores[i] - mu)
     return broadcast(out, m)
 
 
-def rloo(scores, m, groups):
+def rloo(scores, m, groups, scored=None):
+    keep = kept(scored, groups)
     out = []
     for i in range(len(scores)):
-        others = [scores[j] for j in group_members(groups, i) if j != i]
-        out.append(scores[i] - sum(others) / len(others))
+        others = [scores[j] for j in group_members(groups, i) if j != i and keep[j]]
+        out.append(scores[i] - sum(others) / len(others) if keep[i] else 0.0)
     return broadcast(out, m)
 
 
@@ -117,8 +132,10 @@ def whiten(x, m):
     ]
 
 
-def reinforce_pp_baseline(scores, m, groups):
-    return whiten(grpo(scores, m, groups, divide_by_std=False), m)
+def reinforce_pp_baseline(scores, m, groups, scored=None):
+    keep = kept(scored, groups)
+    m_kept = [[m[i][t] if keep[i] else 0.0 for t in range(len(m[i]))] for i in range(len(m))]
+    return whiten(grpo(scores, m, groups, divide_by_std=False, scored=scored), m_kept)
 
 
 def token_rewards(scores, m, kl=None):

@@ -106,6 +106,51 @@ def test_group_estimators_match_reference(seed):
     )
 
 
+def failing_third(seed: int, num_samples: int) -> torch.Tensor:
+    """A known third of the samples (random, seeded) whose reward failed."""
+    order = torch.randperm(num_samples, generator=torch.Generator().manual_seed(100 + seed))
+    scored = torch.ones(num_samples, dtype=torch.bool)
+    scored[order[: num_samples // 3]] = False
+    return scored
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_group_estimators_with_failed_rewards_match_reference(seed):
+    b = ref.random_batch(seed, num_groups=4, group_size=2 + seed)
+    scored = failing_third(seed, len(b.scores))
+    scores = torch.where(scored, b.scores, float("nan"))  # a failed score never leaks
+    s, m, g = ref.lists(b.scores), ref.lists(b.mask), b.group_ids.tolist()
+    flags = scored.tolist()
+    args = (scores, b.mask, b.group_ids)
+    close(adv.grpo_advantages(*args, scored_B=scored), ref.grpo(s, m, g, scored=flags))
+    close(
+        adv.dr_grpo_advantages(*args, scored_B=scored),
+        ref.grpo(s, m, g, divide_by_std=False, scored=flags),
+    )
+    close(adv.rloo_advantages(*args, scored_B=scored), ref.rloo(s, m, g, scored=flags))
+    close(
+        adv.reinforce_pp_baseline_advantages(*args, scored_B=scored),
+        ref.reinforce_pp_baseline(s, m, g, scored=flags),
+    )
+    kept = ref.kept(flags, g)
+    assert adv.trained_samples(scored, b.group_ids).tolist() == kept
+    short = [
+        gid for gid in set(g) if sum(ok for j, ok in zip(g, flags, strict=True) if j == gid) < 2
+    ]
+    assert adv.num_dropped_groups(scored, b.group_ids) == len(short)
+
+
+def test_a_group_left_with_one_scored_sample_is_dropped_and_counted():
+    scores = torch.tensor([1.0, 0.0, 0.0, 1.0, 0.5, 0.2])
+    groups = torch.tensor([0, 0, 0, 1, 1, 1])
+    scored = torch.tensor([True, False, False, True, False, True])
+    assert adv.trained_samples(scored, groups).tolist() == [False] * 3 + [True, False, True]
+    assert adv.num_dropped_groups(scored, groups) == 1
+    result = adv.grpo_advantages(scores, torch.ones(6, 2), groups, scored_B=scored)
+    close(result[:3], [[0, 0]] * 3)  # no baseline: no advantage, no NaN
+    close(result[3:, 0], [1 / (0.8 / 2**0.5 + 1e-6) * 0.4, 0, -0.4 / (0.8 / 2**0.5 + 1e-6)])
+
+
 @pytest.mark.parametrize("seed", SEEDS)
 @pytest.mark.parametrize("gamma", [1.0, 0.9])
 def test_reinforce_pp_matches_reference(seed, gamma):

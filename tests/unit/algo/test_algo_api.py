@@ -4,7 +4,15 @@ import algo_slow_reference as ref
 import pytest
 import torch
 
-from relax_hpc.algo import AlgoConfig, actor_loss, compute_advantages, resolve, value_loss
+from relax_hpc.algo import (
+    AlgoConfig,
+    actor_loss,
+    compute_advantages,
+    dropped_groups,
+    resolve,
+    trained_samples,
+    value_loss,
+)
 from relax_hpc.config.algo import ALGORITHM_NAMES
 
 SEEDS = [0, 1]
@@ -212,6 +220,54 @@ def test_every_algorithm_runs_end_to_end(name):
     assert torch.equal(
         logprobs.grad[~b.mask.bool()], torch.zeros_like(logprobs.grad[~b.mask.bool()])
     )
+
+
+def failing_third(num_samples: int) -> torch.Tensor:
+    scored = torch.ones(num_samples, dtype=torch.bool)
+    scored[torch.randperm(num_samples, generator=torch.Generator().manual_seed(7))[::3]] = False
+    return scored
+
+
+@pytest.mark.parametrize("name", ALGORITHM_NAMES)
+def test_samples_whose_reward_failed_carry_no_gradient(name):
+    b = ref.random_batch(4, num_groups=4, group_size=3)
+    scored = failing_third(len(b.scores))
+    scores = torch.where(scored, b.scores, float("nan"))  # whatever a failed reward left
+    cfg = AlgoConfig(name=name, loss_scale_factor=9.0, opd_coef=float(name == "opd"))
+    advantages, _ = compute_advantages(
+        cfg, scores, b.mask, b.group_ids, values_BT=b.values,
+        old_logprobs_BT=b.old_logprobs, teacher_logprobs_BT=b.teacher_logprobs, scored_B=scored,
+    )  # fmt: skip
+    trained = trained_samples(cfg, scored, b.group_ids)
+    assert not trained[~scored].any() and torch.isfinite(advantages).all()
+    assert not advantages[~trained].any()
+    logprobs = b.logprobs.clone().requires_grad_(True)
+    mask = b.mask * trained[:, None]  # what the trainer trains on
+    loss, _ = actor_loss(cfg, logprobs, b.old_logprobs, advantages, mask)
+    loss.backward()
+    assert torch.isfinite(loss) and torch.isfinite(logprobs.grad).all()
+    assert not logprobs.grad[~trained].any()  # the failed third: no gradient at all
+    assert logprobs.grad[trained].abs().sum() > 0
+    group_based = resolve(cfg).group_based
+    assert dropped_groups(cfg, scored, b.group_ids) == (
+        len(set(b.group_ids[~trained & scored].tolist())) if group_based else 0
+    )
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_batch_estimators_leave_failed_rewards_out_of_their_statistics(seed):
+    b = ref.random_batch(seed)
+    scored = failing_third(len(b.scores))
+    m_kept = ref.lists(b.mask * scored[:, None])
+    reinforce = AlgoConfig(name="reinforce_pp", gamma=0.95)
+    advantages, _ = compute_advantages(reinforce, b.scores, b.mask, scored_B=scored)
+    returns = ref.discounted_returns(ref.token_rewards(ref.lists(b.scores), m_kept), m_kept, 0.95)
+    close(advantages, ref.whiten(returns, m_kept))
+    ppo = AlgoConfig(name="ppo", normalize_advantages=True)
+    advantages, _ = compute_advantages(ppo, b.scores, b.mask, values_BT=b.values, scored_B=scored)
+    rewards = ref.token_rewards(ref.lists(b.scores), m_kept)
+    expected, _ = ref.gae(rewards, ref.lists(b.values), m_kept, 1.0, 1.0)
+    close(advantages, ref.whiten(expected, m_kept))
 
 
 @pytest.mark.parametrize("seed", SEEDS)
