@@ -1,0 +1,144 @@
+"""Image prompts through ``submit`` as a user runs them (#28 acceptance): a Geometry3K
+Parquet written here (PNG bytes, ``<image>`` in the problem, one corrupt image) flows
+through a short run; the corrupt row is skipped, logged and counted while the run goes on;
+a trainer killed with SIGKILL mid-run resumes and trains every sample, images and all,
+exactly once. The model is the tiny Qwen3-VL of ``grpo_tiny_vl``.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import signal
+import subprocess
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from e2e_helpers import (
+    REPO,
+    failure_report,
+    scalars,
+    submit,
+    submit_command,
+    submit_env,
+    wait_for_step,
+)
+from PIL import Image
+
+from relax_hpc.paths import RunPaths, read_json
+from relax_hpc.spool import check_exactly_once, read_shard
+
+pytestmark = pytest.mark.slow
+
+VL = "grpo_tiny_vl"
+SMALL = [
+    "model.warm_start=false",  # the plumbing, not learning: no warm start to wait for
+    "rollout.prompts_per_step=4",
+    "rollout.n_samples_per_prompt=2",
+    "rollout.eval_interval_steps=0",
+    "observe.audit_sample_ids=true",
+    "spool.keep_consumed=true",
+]
+CORRUPT_ROW = 2
+
+
+def png(seed: int) -> bytes:
+    pixels = np.random.default_rng(seed).integers(0, 256, (40, 56, 3), dtype=np.uint8)
+    out = io.BytesIO()
+    Image.fromarray(pixels).save(out, format="PNG")
+    return out.getvalue()
+
+
+def write_geometry3k(path, num_rows: int) -> None:
+    """Geometry3K's published layout: ``images`` a list of ``{bytes, path}`` structs (the
+    Hugging Face ``Image`` feature), ``problem`` with an ``<image>`` mark, ``answer``."""
+    image = pa.struct([("bytes", pa.binary()), ("path", pa.string())])
+    types = pa.schema(
+        [("images", pa.list_(image)), ("problem", pa.string()), ("answer", pa.string())]
+    )
+    rows = [
+        {
+            "images": [
+                {"bytes": b"\x89PNG not an image" if i == CORRUPT_ROW else png(i), "path": None}
+            ],
+            "problem": f"<image>Find x. ({i})",
+            "answer": str(i % 4 + 1),
+        }
+        for i in range(num_rows)
+    ]
+    pq.write_table(pa.Table.from_pylist(rows, schema=types), path)
+
+
+def trained_and_published(paths: RunPaths) -> tuple[list[list[str]], list]:
+    """Sample ids trained per step, and every sample of the consumed shards."""
+    trained = read_json(paths.consumed_sample_ids)
+    samples = [
+        sample
+        for shard in (paths.spool_dir / "consumed").iterdir()
+        for group in read_shard(shard)[1]
+        for sample in group
+    ]
+    return trained, samples
+
+
+def test_a_geometry3k_parquet_with_a_corrupt_image_trains_and_counts_the_row(tmp_path):
+    data = tmp_path / "geo3k.parquet"
+    write_geometry3k(data, num_rows=10)
+    run_dir, paths = tmp_path / "run", RunPaths(tmp_path / "run")
+    result = submit(
+        run_dir,
+        *SMALL,
+        "data=geo3k",
+        f"data.path={data}",
+        "data.shuffle=false",  # rows in order: the corrupt one is drawn in the first step
+        "rollout.reward=geo3k",
+        "trainer.total_steps=2",
+        experiment=VL,
+        timeout_s=600,
+    )
+    assert result.returncode == 0, failure_report(result, run_dir)
+    assert read_json(paths.trainer_done)["step"] == 2
+    log = paths.task_log("rollout", 0).read_text()
+    assert f"row {CORRUPT_ROW} skipped (1 so far)" in log, log[-3000:]
+    rollout = scalars(RunPaths(run_dir).rollout_tensorboard_dir(0))
+    assert rollout["data/train_rows_skipped"][-1] == 1
+    trained, samples = trained_and_published(paths)
+    assert len(trained) == 2 and all(len(step) == 4 * 2 for step in trained)
+    assert samples and all(s.media is not None and len(s.media.images) == 1 for s in samples)
+    assert CORRUPT_ROW not in {s.data_index for s in samples}
+
+
+def test_a_sigkilled_trainer_resumes_and_trains_every_image_sample_once(tmp_path):
+    run_dir, paths = tmp_path / "run", RunPaths(tmp_path / "run")
+    overrides = [
+        *SMALL,
+        "trainer.total_steps=6",
+        "trainer.checkpoint_interval_steps=3",
+        "cluster.max_restarts=0",
+    ]
+    first = subprocess.Popen(
+        submit_command(run_dir, *overrides, experiment=VL),
+        cwd=REPO,
+        env=submit_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    wait_for_step(paths.trainer_status, 4, first, timeout_s=600)
+    os.kill(read_json(paths.rendezvous_dir / "trainer.json")["pid"], signal.SIGKILL)
+    _, stderr = first.communicate(timeout=300)
+    assert first.returncode != 0 and "trainer[0] exited with -9" in stderr
+
+    second = submit(run_dir, *overrides, "resume=auto", experiment=VL, timeout_s=600)
+    assert second.returncode == 0, failure_report(second, run_dir)
+    log = paths.task_log("trainer", 0).read_text()
+    assert "resumed from" in log and "step 3)" in log and "step 6/6" in log
+    trained, samples = trained_and_published(paths)
+    assert len(trained) == 6
+    published = {s.sample_id for s in samples}
+    assert not check_exactly_once(published | {s for step in trained for s in step}, trained)
+    trained_ids = {s for step in trained for s in step}
+    with_images = {s.sample_id for s in samples if s.media is not None and s.media.images}
+    assert trained_ids <= published and trained_ids <= with_images
