@@ -25,6 +25,12 @@ so any number of workers, joining or leaving, consume the prompt stream once:
   ``floor/<next>`` (exclusively, so one of them) and removes the batch's folder: the
   folder stays small over a long run, and a scan starts at the floor.
 
+Redos come first: a group the trainer dropped as stale is asked for again in
+``spool/redo/`` (``spool.redo``). A worker claims a redo before any chunk, the same way
+(``<key>.claim``, exclusive; taken over after the lease), generates it with weights at
+least as new as the trainer's when it dropped the group, publishes it under the redo's own
+sample ids and marks it ``<key>.done``.
+
 The data position is this folder, not a worker's progress: it lives on the shared run
 directory beside the spool and survives any worker's crash. Must not: read shards or
 know about engines.
@@ -44,6 +50,7 @@ from pathlib import Path
 from typing import Any
 
 from relax_hpc.paths import atomic_write_json, exclusive_create_json, read_json
+from relax_hpc.spool.redo import open_requests, redo_key
 
 _BATCH_DIR = re.compile(r"^b(\d{8})$")
 _FLOOR = re.compile(r"^\d{8}$")
@@ -54,10 +61,16 @@ class Chunk:
     batch: int
     index: int
     groups: tuple[int, ...]
+    attempt: int = 0  # > 0: a redo of one stale group (``spool.redo``)
+    min_policy_version: int = 0  # a redo's weights must be at least this new
+
+    @property
+    def is_redo(self) -> bool:
+        return self.attempt > 0
 
     @property
     def name(self) -> str:
-        return f"j{self.index:04d}"
+        return redo_key(self.groups[0], self.attempt) if self.is_redo else f"j{self.index:04d}"
 
 
 class AssignmentLayoutError(ValueError):
@@ -75,8 +88,10 @@ class GroupAssignment:
         groups_per_chunk: int,
         lease_s: float,
         clock: Callable[[], float] = time.time,
+        redo_dir: Path | None = None,  # the spool's redo requests; None: none are taken
     ) -> None:
         self.root = Path(root)
+        self.redo_dir = None if redo_dir is None else Path(redo_dir)
         self.worker = worker
         self.incarnation = secrets.token_hex(6)
         self.lease_s = lease_s
@@ -104,8 +119,27 @@ class GroupAssignment:
             batch += 1
         return None
 
+    def claim_redo(self) -> Chunk | None:
+        """Claim the first redo nobody is generating, or None."""
+        if self.redo_dir is None:
+            return None
+        for request in open_requests(self.redo_dir):
+            claim = self.redo_dir / f"{request.key}.claim"
+            done = self.redo_dir / f"{request.key}.done"
+            if done.exists() or (claim.exists() and not self._claim_expired(claim)):
+                continue
+            if self._take(claim, done, collected=lambda: False):
+                batch = request.group // self.prompts_per_step
+                return Chunk(
+                    batch, -1, (request.group,), request.attempt, request.min_policy_version
+                )
+        return None
+
     def complete(self, chunk: Chunk) -> None:
         """The chunk's groups are published: mark it done, release it, maybe raise the floor."""
+        if chunk.is_redo:
+            self._complete_redo(chunk)
+            return
         # Below the floor: this worker hung past its lease, another took the chunk over and
         # the batch was collected. What it just published is a duplicate that the spool
         # drops; there is nothing left to mark (and no folder to write into: a collection
@@ -122,7 +156,7 @@ class GroupAssignment:
 
     def release(self, chunk: Chunk) -> None:
         """Give a claimed chunk back ungenerated (a worker draining or stopping)."""
-        path = self._batch_dir(chunk.batch) / f"{chunk.name}.claim"
+        path = self._claim_path(chunk)
         if self._holder(path) == (self.worker, self.incarnation):
             path.unlink(missing_ok=True)
 
@@ -151,6 +185,17 @@ class GroupAssignment:
         start = batch * self.prompts_per_step + index * self.groups_per_chunk
         stop = min(start + self.groups_per_chunk, (batch + 1) * self.prompts_per_step)
         return Chunk(batch, index, tuple(range(start, stop)))
+
+    def _complete_redo(self, chunk: Chunk) -> None:
+        assert self.redo_dir is not None
+        atomic_write_json(self.redo_dir / f"{chunk.name}.done", self._stamp())
+        self._claim_path(chunk).unlink(missing_ok=True)
+
+    def _claim_path(self, chunk: Chunk) -> Path:
+        if chunk.is_redo:
+            assert self.redo_dir is not None
+            return self.redo_dir / f"{chunk.name}.claim"
+        return self._batch_dir(chunk.batch) / f"{chunk.name}.claim"
 
     def _batch_dir(self, batch: int) -> Path:
         return self.root / f"b{batch:08d}"
@@ -182,23 +227,30 @@ class GroupAssignment:
 
     def _try_claim(self, batch: int, index: int) -> bool:
         folder = self._batch_dir(batch)
-        claim = folder / f"j{index:04d}.claim"
+        return self._take(
+            folder / f"j{index:04d}.claim",
+            folder / f"j{index:04d}.done",
+            collected=lambda: batch < self.floor(),
+        )
+
+    def _take(self, claim: Path, done: Path, collected: Callable[[], bool]) -> bool:
+        """Create ``claim``, taking over an expired one; False if another won or it is done."""
         if claim.exists():
             # Taken over: only the process whose rename wins may claim; a loser sees ENOENT.
-            expired = folder / f"j{index:04d}.expired.{self.incarnation}"
+            expired = claim.with_name(f"{claim.stem}.expired.{self.incarnation}")
             try:
                 os.rename(claim, expired)
             except FileNotFoundError:
                 return False
             expired.unlink(missing_ok=True)
-        if batch < self.floor():
+        if collected():
             return False  # done and collected meanwhile
         try:
-            folder.mkdir(parents=True, exist_ok=True)
+            claim.parent.mkdir(parents=True, exist_ok=True)
             won = exclusive_create_json(claim, self._stamp())
         except FileNotFoundError:
             return False  # the folder was collected under a new floor
-        if won and (batch < self.floor() or (folder / f"j{index:04d}.done").exists()):
+        if won and (collected() or done.exists()):
             claim.unlink(missing_ok=True)  # done meanwhile: nothing to generate
             return False
         return won

@@ -34,6 +34,7 @@ from relax_hpc.rollout.multiturn import EpisodeBudget, EpisodeRequest, EpisodeRu
 from relax_hpc.rollout.tools.sandbox import ToolSandbox
 from relax_hpc.rollout.trajectory import Trajectory, episode_metrics, to_sample
 from relax_hpc.spool import Sample
+from relax_hpc.spool.redo import redo_sample_id
 
 log = logging.getLogger(__name__)
 
@@ -56,10 +57,15 @@ class EpisodeRollout:
         self.sandbox = sandbox
         self._last: list[Trajectory] = []
 
-    def generate(self, prompts: Prompts, n: int, params: SamplingParams) -> list[list[Sample]]:
-        """``n`` trajectories per group, as spool samples, in group order."""
+    def generate(
+        self, prompts: Prompts, n: int, params: SamplingParams, attempt: int = 0
+    ) -> list[list[Sample]]:
+        """``n`` trajectories per group, as spool samples, in group order (``attempt``:
+        a redo's, which gives its samples their own ids)."""
         requests = [
-            EpisodeRequest(f"{g}/{j}", record.prompt_ids, environment_row(record))
+            EpisodeRequest(
+                redo_sample_id(g, j, attempt), record.prompt_ids, environment_row(record)
+            )
             for g, (_, record) in prompts
             for j in range(n)
         ]

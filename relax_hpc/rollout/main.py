@@ -38,6 +38,7 @@ from relax_hpc.rollout.rewards.services import RewardContext, build_scorer
 from relax_hpc.rollout.sglang_weights import SGLangDistributedTarget, SGLangWeightLoader
 from relax_hpc.runtime import TaskIdentity
 from relax_hpc.spool import ShardWriter
+from relax_hpc.spool.layout import SpoolLayout
 from relax_hpc.weightsync import (
     PerTensorReceiver,
     WeightReceiver,
@@ -363,6 +364,7 @@ def run_rollout(cfg: RunConfig, paths: RunPaths, identity: TaskIdentity) -> int:
         cfg.rollout.prompts_per_step,
         groups_per_chunk=-(-cfg.rollout.prompts_per_step // identity.world_size),
         lease_s=cfg.rollout.claim_lease_s,
+        redo_dir=SpoolLayout(paths.spool_dir).redo_dir,
     )
     heartbeat = WorkerHeartbeat(
         paths.rollout_assignment_dir,

@@ -7,6 +7,7 @@
       consumed/    consumed shards kept for debugging (``keep_consumed``)
       quarantine/  bad shards + <name>.reason.json
       writers/     <writer_id>.json: per-writer publish counters (status CLI)
+      redo/        stale-dropped groups to generate again (``spool.redo``)
       reader.json  the trainer side's counters and recent throughput (status CLI)
 
 A shard name carries what listings need, so backpressure and ``status`` are a directory
@@ -150,6 +151,10 @@ class SpoolLayout:
     @property
     def writers_dir(self) -> Path:
         return self.spool_dir / "writers"
+
+    @property
+    def redo_dir(self) -> Path:
+        return self.spool_dir / "redo"
 
     @property
     def reader_status_path(self) -> Path:

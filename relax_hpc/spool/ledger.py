@@ -20,7 +20,12 @@ in the trainer's checkpoint. The exactly-once argument, in the ledger's terms:
   shard it finds in ``quarantine/`` that the loaded state does not name (quarantined
   after that checkpoint, by an incarnation that then crashed): ``num_quarantined_shards``
   and ``num_lost_groups`` survive a consumer crash.
-* Sample ids (64-bit BLAKE2b keys) of every delivered group are remembered, so a sample
+* A group dropped as stale by step s is a *pending redo* from s on (``record_redo``):
+  the reader asks for it at once (``spool.redo``), and again after a resume from any
+  checkpoint that holds it; it is settled (forgotten) once a checkpoint of a step >= s is
+  complete, because the request is durable by then. A drop after the checkpoint is
+  replayed by the resumed steps with the same decision, hence the same request.
+* Sample ids (64-bit BLAKE2b keys) of every delivered or stale-dropped group are remembered, so a sample
   republished by a restarted rollout worker, or a shard requeued from quarantine, is
   dropped as a duplicate and never delivered twice. Memory: ~70 bytes per sample in RAM,
   8 in the checkpoint. A key collision (p ~ n^2 / 2^65) would drop a group, never
@@ -89,6 +94,8 @@ class Ledger:
         self._step_seen: set[int] = set()
         self._step_counters: Counter[str] = Counter()
         self._step_ranges: list[list] = []  # [claimed name, first group, end group]
+        self._step_redos: list[list[int]] = []  # [group, attempt, min policy version]
+        self._pending_redos: list[list[int]] = []  # the same + the step that dropped it
         self._records: deque[dict] = deque(maxlen=keep_steps)
         self._batch_snapshot: tuple | None = None
 
@@ -127,10 +134,31 @@ class Ledger:
             last[2] += 1
         else:
             self._step_ranges.append([name, index, index + 1])
-        if outcome == DELIVERED:
+        if outcome in (DELIVERED, STALE):
+            # A stale group's redo has new ids; a later copy of the old ones (a taken-over
+            # chunk regenerated fresh) must not be trained beside the redo.
             self._step_seen.update(keys)
         self._step_counters[f"num_{outcome}_groups"] += 1
         self._step_counters[f"num_{outcome}_samples"] += len(keys)
+
+    def count(self, counter: str, num: int = 1) -> None:
+        """Add to a counter with the current step (rolled back with its batch)."""
+        self._step_counters[counter] += num
+
+    def record_redo(self, group: int, attempt: int, min_policy_version: int) -> None:
+        """The group just taken as stale is to be generated again (attempt ``attempt``)."""
+        self._step_redos.append([group, attempt, min_policy_version])
+        self._step_counters["num_redo_requested_groups"] += 1
+
+    def pending_redos(self, max_step: int | None = None) -> list[tuple[int, int, int]]:
+        """(group, attempt, min policy version) of committed drops not yet settled."""
+        return [
+            (g, a, v) for g, a, v, s in self._pending_redos if max_step is None or s <= max_step
+        ]
+
+    def settle_redos(self, checkpoint_step: int) -> None:
+        """Forget drops a complete checkpoint covers (their requests are durable)."""
+        self._pending_redos = [r for r in self._pending_redos if r[3] > checkpoint_step]
 
     # --- batches: all or nothing --------------------------------------------------------------
     def begin_batch(self) -> None:
@@ -141,11 +169,15 @@ class Ledger:
             set(self._step_seen),
             Counter(self._step_counters),
             copy.deepcopy(self._step_ranges),
+            len(self._step_redos),
         )
 
     def rollback_batch(self) -> None:
         assert self._batch_snapshot is not None, "no batch open"
-        takens, self._step_seen, self._step_counters, self._step_ranges = self._batch_snapshot
+        takens, self._step_seen, self._step_counters, self._step_ranges, redos = (
+            self._batch_snapshot
+        )
+        del self._step_redos[redos:]
         for name, cursor in self._cursors.items():
             cursor.taken = takens.get(name, 0)
         self._batch_snapshot = None
@@ -170,6 +202,8 @@ class Ledger:
         self.counters.update(self._step_counters)
         self._step_counters = Counter()
         self._step_ranges = []
+        self._pending_redos.extend([*r, step] for r in self._step_redos)
+        self._step_redos = []
         self._records.append(record)
         self.step = step
         return record
@@ -216,6 +250,7 @@ class Ledger:
             "records": list(self._records),
             "seen_sample_keys": _pack_keys(self._seen),
             "quarantined_shards": sorted(self._quarantined),
+            "pending_redos": [list(r) for r in self._pending_redos],
         }
 
     @classmethod
@@ -233,6 +268,7 @@ class Ledger:
         ledger._records.extend(state["records"])
         ledger._seen = _unpack_keys(state["seen_sample_keys"])
         ledger._quarantined = set(state.get("quarantined_shards", []))  # absent in older states
+        ledger._pending_redos = [list(r) for r in state.get("pending_redos", [])]  # likewise
         for name, num_groups, committed, done_step in sorted(state["shards"]):
             ledger.add_shard(name, num_groups)
             cursor = ledger._cursors[name]

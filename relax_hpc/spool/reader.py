@@ -18,6 +18,10 @@ consumed up to it is handed out again (see ``ledger`` for the argument). With
 ``keep_consumed`` the consumed shards move to ``consumed/`` rather than being deleted,
 and a resume from an older retained checkpoint also restores them.
 
+A group dropped as stale is sent back to the prompt stream: ``mark_step_consumed`` writes
+a redo request for each drop of the step (``redo``), and ``on_checkpoint_complete`` (also
+run by a resume) writes again those the checkpoint holds before it forgets them.
+
 Staleness is per group: GRPO-style advantages need every completion of a prompt, so a
 group whose oldest sample is more than ``max_staleness`` versions behind the trainer's
 ``policy_version`` is dropped whole and counted, never silently. Duplicate sample ids
@@ -55,6 +59,7 @@ from relax_hpc.spool.layout import (
 )
 from relax_hpc.spool.ledger import DELIVERED, DUPLICATE, STALE, Ledger, sample_key
 from relax_hpc.spool.quarantine import clean_abandoned_tmp, list_quarantined, quarantine_shard
+from relax_hpc.spool.redo import MAX_ATTEMPTS, RedoRequest, attempt_of, request_redo
 from relax_hpc.spool.sample import Group
 
 log = logging.getLogger(__name__)
@@ -114,6 +119,7 @@ class SpoolReader:
         """The groups handed out since the last call were consumed by training ``step``."""
         self._recover()
         record = self._ledger.commit_step(step)
+        self._request_redos(self._ledger.pending_redos())
         self._recent.append((time.time(), self._ledger.counters["num_delivered_samples"]))
         self._write_status(record)
 
@@ -124,6 +130,8 @@ class SpoolReader:
             raise ValueError(
                 f"checkpoint step {step} is after the last consumed step {self._ledger.step}"
             )
+        self._request_redos(self._ledger.pending_redos(step))  # durable before settled
+        self._ledger.settle_redos(step)
         for name in self._ledger.collectable(step):
             self._retire(name)
             self._ledger.forget(name)
@@ -166,6 +174,10 @@ class SpoolReader:
             self._ledger.take(cursor.name, keys, outcome)
             if outcome == DELIVERED:
                 batch.append(group)
+                if attempt_of(group[0].sample_id):
+                    self._ledger.count("num_regenerated_groups")
+            elif outcome == STALE:
+                self._redo(group, policy_version)
             return True
         return False
 
@@ -182,6 +194,25 @@ class SpoolReader:
         if 0 <= self._config.max_staleness < staleness:
             return STALE
         return DELIVERED
+
+    def _redo(self, group: Group, policy_version: int) -> None:
+        """Send a stale group back to the prompt stream, or count it lost after its last try."""
+        attempt = attempt_of(group[0].sample_id) + 1
+        if attempt > MAX_ATTEMPTS or not group[0].group_id.isdigit():
+            log.error(
+                "spool: group %s came back stale %d times (or is not a prompt index); lost",
+                group[0].group_id,
+                attempt,
+            )
+            self._ledger.count("num_lost_groups")
+            self._ledger.count("num_redo_abandoned_groups")
+            return
+        self._ledger.record_redo(int(group[0].group_id), attempt, policy_version)
+
+    def _request_redos(self, pending: list[tuple[int, int, int]]) -> None:
+        for group, attempt, min_version in pending:
+            if request_redo(self._layout.redo_dir, RedoRequest(group, attempt, min_version)):
+                log.warning("spool: group %d dropped as stale; generating it again", group)
 
     def _load(self, name: str) -> list[Group] | None:
         if name in self._groups:

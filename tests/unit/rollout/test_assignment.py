@@ -19,11 +19,13 @@ from relax_hpc.rollout.assignment import (
     WorkerHeartbeat,
     heartbeat_path,
 )
+from relax_hpc.spool.redo import RedoRequest, open_requests, request_redo
 
 P, C = 5, 2  # 5 prompts per step in chunks of 2: chunks of 2, 2 and 1 groups
 
 
 def assignment(tmp_path, worker: str, lease_s: float = 60.0, **kw) -> GroupAssignment:
+    kw.setdefault("redo_dir", tmp_path / "redo")
     return GroupAssignment(tmp_path / "assign", worker, P, C, lease_s=lease_s, **kw)
 
 
@@ -172,3 +174,81 @@ def test_racing_processes_generate_every_group_once(tmp_path, die_after):
     ]
     assert sorted(generated) == list(range(batches * P))  # each once, the dead one's too
     assert GroupAssignment(root, "x", P, C, lease_s=1).floor() == batches
+
+
+# --- redos: stale groups generated again (spool/redo.py) ---------------------------------------
+def test_a_redo_is_claimed_by_one_worker_and_done_once_published(tmp_path):
+    a, b = assignment(tmp_path, "r0"), assignment(tmp_path, "r1")
+    beat(tmp_path, "r0"), beat(tmp_path, "r1")
+    assert a.claim_redo() is None
+    request_redo(tmp_path / "redo", RedoRequest(group=12, attempt=1, min_policy_version=4))
+    redo = a.claim_redo()
+    assert (redo.groups, redo.attempt, redo.min_policy_version, redo.batch) == ((12,), 1, 4, 2)
+    assert b.claim_redo() is None  # r0 holds it
+    a.complete(redo)
+    assert b.claim_redo() is None and open_requests(tmp_path / "redo") == []
+    assert a.floor() == 0  # a redo is no chunk: the batches are untouched
+
+
+def test_a_dead_workers_redo_passes_on_after_the_lease_and_a_release_frees_it(tmp_path):
+    a, b = assignment(tmp_path, "r0", lease_s=30), assignment(tmp_path, "r1", lease_s=30)
+    beat(tmp_path, "r0"), beat(tmp_path, "r1")
+    request_redo(tmp_path / "redo", RedoRequest(3, 2, 0))
+    held = a.claim_redo()
+    assert b.claim_redo() is None
+    beat(tmp_path, "r0", age_s=31)
+    taken = b.claim_redo()
+    assert taken == held
+    b.release(taken)
+    assert b.claim_redo() == held
+
+
+def test_without_a_redo_folder_no_redo_is_taken(tmp_path):
+    request_redo(tmp_path / "redo", RedoRequest(3, 1, 0))
+    assert assignment(tmp_path, "r0", redo_dir=None).claim_redo() is None
+
+
+def _redo_until_none(root, redo_dir, worker: str, log_path, die_after: int):
+    """A worker process: claim redos, 'generate', record, complete, until none is open."""
+    heartbeat = WorkerHeartbeat(root, worker, interval_s=0.05).start()
+    a = GroupAssignment(root, worker, P, C, lease_s=0.5, redo_dir=redo_dir)
+    done = 0
+    while open_requests(redo_dir):
+        redo = a.claim_redo()
+        if redo is None:
+            time.sleep(0.05)
+            continue
+        if done == die_after:
+            os.kill(os.getpid(), signal.SIGKILL)  # holding a redo, never published
+        with open(log_path, "a") as log:
+            log.write(json.dumps([redo.groups[0], redo.attempt]) + "\n")
+        a.complete(redo)
+        done += 1
+    heartbeat.stop()
+
+
+@pytest.mark.parametrize("die_after", [None, 2], ids=["all-live", "one-sigkilled"])
+def test_racing_processes_generate_every_redo_once(tmp_path, die_after):
+    root, redo_dir = tmp_path / "assign", tmp_path / "redo"
+    wanted = [(g, 1 + g % 2) for g in range(0, 60, 3)]
+    for g, attempt in wanted:
+        request_redo(redo_dir, RedoRequest(g, attempt, 0))
+    context = multiprocessing.get_context("fork")
+    workers = [
+        context.Process(
+            target=_redo_until_none,
+            args=(root, redo_dir, f"r{i}", tmp_path / f"r{i}.log", die_after if i == 1 else -1),
+        )
+        for i in range(3)
+    ]
+    for process in workers:
+        process.start()
+    for process in workers:
+        process.join(timeout=60)
+    assert [p.exitcode for p in workers] == [0, -signal.SIGKILL if die_after else 0, 0]
+    generated = [
+        tuple(json.loads(line))
+        for log in tmp_path.glob("r*.log")
+        for line in log.read_text().splitlines()
+    ]
+    assert sorted(generated) == wanted  # each once, the dead one's too
