@@ -28,7 +28,7 @@ import time
 
 from relax_hpc import exitcodes
 from relax_hpc.launch.keeper import KEPT_VAR
-from relax_hpc.paths import RunPaths, atomic_write_json
+from relax_hpc.paths import RunPaths, atomic_write_json, is_disk_full
 from relax_hpc.runtime import TaskIdentity, stop_when_orphaned
 
 ROLES = ("trainer", "rollout", "judge")  # judge: judge.placement=component
@@ -95,6 +95,7 @@ def record_task_error(paths: RunPaths, role: str, identity: TaskIdentity, err: E
         "restart": identity.restart_count,
         "time": time.time(),
         "error": error,
+        "disk_full": is_disk_full(err),
     }
     try:
         atomic_write_json(paths.task_error(role, identity.rank), record)

@@ -15,6 +15,7 @@ Must not: import torch, Hydra, or anything else of ours.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import secrets
@@ -46,6 +47,22 @@ def fsync_dir(directory: Path) -> None:
 def fsync_file(path: Path) -> None:
     """Flush a file written by someone else (h5py, safetensors) before it is renamed."""
     _fsync_path(path)
+
+
+# A full filesystem, or a quota used up: a state of the run directory, not a crash.
+DISK_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
+DISK_FULL_TEXTS = (os.strerror(errno.ENOSPC), os.strerror(errno.EDQUOT))
+
+
+def is_disk_full(err: BaseException) -> bool:
+    """``err``, what caused it, or its text (DCP wraps each rank's failure as text) says
+    the filesystem is full or the quota is used up."""
+    seen: BaseException | None = err
+    while seen is not None:
+        if isinstance(seen, OSError) and seen.errno in DISK_FULL_ERRNOS:
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return any(text in str(err) for text in DISK_FULL_TEXTS)
 
 
 def atomic_write_bytes(path: Path | str, data: bytes, mode: int = 0o644) -> Path:

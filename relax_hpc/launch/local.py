@@ -25,6 +25,7 @@ from relax_hpc import exitcodes
 from relax_hpc.launch.outcome import (
     StartEnd,
     decide_end,
+    disk_full_detail,
     recorded_component_failure,
     recorded_config_error,
     repeated_start_error,
@@ -111,6 +112,7 @@ class LocalExecutor:
             max_restarts=self.plan.max_restarts,
             repeated_error=repeated_start_error(self.paths, restart_count),
             component_failure=recorded_component_failure(self.paths, restart_count),
+            disk_full=disk_full_detail(self.paths, restart_count),
         )
 
     # --- one attempt ---------------------------------------------------------------------------

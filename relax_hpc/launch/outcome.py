@@ -17,6 +17,9 @@ Must not: act on the decision (requeue, alert, stop steps); import torch.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import math
+import os
 import shlex
 import sys
 from dataclasses import dataclass
@@ -25,6 +28,8 @@ from relax_hpc import exitcodes
 from relax_hpc.paths import RunPaths, atomic_write_json, read_json
 
 OUTCOMES = ("finished", "failed", "cancelled", "requeued")
+MB = 1 << 20
+MIN_FREE_BYTES = MB  # below this (or one checkpoint) the run directory counts as full
 
 
 @dataclass(frozen=True)
@@ -49,6 +54,7 @@ def decide_end(
     max_restarts: int,
     repeated_error: str | None = None,
     component_failure: str | None = None,
+    disk_full: str | None = None,
 ) -> StartEnd:
     """``config_error``: what a step of this start recorded (``status/config_error.json``);
     ``cancelled_by``: who asked for a stop that must not be requeued (the cancel command,
@@ -57,7 +63,8 @@ def decide_end(
     ``repeated_error``: the error this start ended with when the start before it ended
     with the same one and the trainer took no step in between (``repeated_start_error``);
     ``component_failure``: what a keeper of this start recorded when it gave up on its
-    worker (a worker that fails after every restart in place fails the same way again)."""
+    worker (a worker that fails after every restart in place fails the same way again);
+    ``disk_full``: the run directory's filesystem is full (``disk_full_detail``)."""
     if trainer_done:
         return StartEnd("finished", "training complete", exitcodes.DONE)
     if trainer_exit == exitcodes.DONE:
@@ -71,6 +78,8 @@ def decide_end(
     if cancelled_by:
         detail = f"stopped on request ({cancelled_by}); trainer exit {trainer_exit}"
         return StartEnd("cancelled", detail, exitcodes.DONE)
+    if disk_full is not None:  # a restart would fail the same way until space is freed
+        return StartEnd("failed", disk_full, exitcodes.FAILED)
     if repeated_error is not None:
         detail = (
             f"{repeated_error} (the same error as the start before, before the first step of "
@@ -96,13 +105,19 @@ def recorded_config_error(paths: RunPaths) -> str | None:
     return str(message or "see the task logs")
 
 
-def start_error(paths: RunPaths, restarts: int) -> str | None:
-    """The first error a task of this start recorded: ``role[rank]: Type: message``."""
+def start_records(paths: RunPaths, restarts: int) -> list[dict]:
+    """The errors the tasks of this start recorded (``component.record_task_error``)."""
     records = []
     for path in sorted(paths.task_errors_dir.glob("*.json")):
         record = read_json(path, default=None)
         if isinstance(record, dict) and record.get("restart") == restarts:
             records.append(record)
+    return records
+
+
+def start_error(paths: RunPaths, restarts: int) -> str | None:
+    """The first error a task of this start recorded: ``role[rank]: Type: message``."""
+    records = start_records(paths, restarts)
     if not records:
         return None
     first = min(records, key=lambda record: record.get("time", 0.0))
@@ -123,21 +138,54 @@ def repeated_start_error(paths: RunPaths, restarts: int) -> str | None:
     Keeps ``status/start_failure.json`` (the error and the trainer's progress) for the next
     start's decision; a start that ended without an error clears it.
     """
-    error = start_error(paths, restarts)
+    error, progress = start_error(paths, restarts), trainer_progress(paths)
     previous = read_json(paths.start_failure, default=None)
+    with contextlib.suppress(OSError):  # a full filesystem: this decision still stands
+        if error is None:
+            paths.start_failure.unlink(missing_ok=True)
+        else:
+            atomic_write_json(paths.start_failure, {"error": error, "progress": progress})
     if error is None:
-        paths.start_failure.unlink(missing_ok=True)
         return None
-    progress = trainer_progress(paths)
-    atomic_write_json(paths.start_failure, {"error": error, "progress": progress})
     same = isinstance(previous, dict) and previous.get("error") == error
     return error if same and previous.get("progress") == progress else None
+
+
 def recorded_component_failure(paths: RunPaths, restarts: int) -> str | None:
     """The detail of the keeper's give-up recorded by this start (``restarts``), if any."""
     record = read_json(paths.component_failure, default=None)
     if not isinstance(record, dict) or record.get("restart") != restarts:
         return None  # none, or an earlier start's (that start ended on it already)
     return str(record.get("detail") or "a rollout worker failed after its restarts in place")
+
+
+def disk_full_detail(paths: RunPaths, restarts: int) -> str | None:
+    """One line when the run directory's filesystem is full: a task of this start failed
+    with ENOSPC/EDQUOT, or less is free than the next checkpoint needs; else None."""
+    try:
+        usage = os.statvfs(paths.root)
+    except OSError:
+        return None
+    free = usage.f_bavail * usage.f_frsize
+    checkpoint = largest_checkpoint_bytes(paths)
+    said = any(record.get("disk_full") for record in start_records(paths, restarts))
+    if not said and free >= max(checkpoint, MIN_FREE_BYTES):
+        return None
+    need = max(2 * checkpoint + MIN_FREE_BYTES - free, checkpoint, MIN_FREE_BYTES)
+    return (
+        f"the run directory's filesystem is full ({free / MB:.1f} MB free, a checkpoint "
+        f"takes {checkpoint / MB:.1f} MB): free {math.ceil(need / MB)} MB and resume with "
+        f"run_dir={paths.root}"
+    )
+
+
+def largest_checkpoint_bytes(paths: RunPaths) -> int:
+    """What one more checkpoint will take, judged by the largest one on disk."""
+    sizes = [0]
+    with contextlib.suppress(OSError):
+        for folder in paths.checkpoints_dir.iterdir():
+            sizes.append(sum(f.stat().st_size for f in folder.rglob("*") if f.is_file()))
+    return max(sizes)
 
 
 def shell_assignments(end: StartEnd) -> str:
@@ -170,6 +218,7 @@ def main(argv: list[str] | None = None) -> int:
         max_restarts=args.max_restarts,
         repeated_error=repeated_start_error(paths, args.restarts),
         component_failure=recorded_component_failure(paths, args.restarts),
+        disk_full=disk_full_detail(paths, args.restarts),
     )
     requeue = "requeueing" if end.requeue else "not requeueing"
     print(f"relax_hpc: {end.outcome}: {end.detail}; {requeue}", file=sys.stderr)

@@ -117,7 +117,10 @@ class AlertState:
         return state
 
     def save(self, state: dict) -> None:
-        atomic_write_json(self.path, state)
+        try:
+            atomic_write_json(self.path, state)
+        except OSError as err:  # a full filesystem: alerts still go out, unthrottled state
+            log.warning("alerts: cannot write %s: %s", self.path, err)
 
 
 class RateLimiter:

@@ -16,6 +16,7 @@ Must not: import torch, or write anything but the ledger.
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,6 +24,7 @@ from pathlib import Path
 from relax_hpc.paths import RunPaths, atomic_write_json, read_json
 
 SECONDS_PER_HOUR = 3600.0
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -63,6 +65,7 @@ class CostLedger:
     def __init__(self, path: Path, clock=time.time) -> None:
         self.path = path
         self.clock = clock
+        self.write_failed = False  # warned once until a write succeeds again
 
     def attempts(self) -> list[dict]:
         return list(read_json(self.path, default={}).get("attempts", []))
@@ -91,7 +94,14 @@ class CostLedger:
         return max(0, len(self.attempts()) - 1)
 
     def _write(self, attempts: list[dict]) -> None:
-        atomic_write_json(self.path, {"attempts": attempts})
+        try:
+            atomic_write_json(self.path, {"attempts": attempts})
+        except OSError as err:  # a full filesystem: the run's end says so; keep watching
+            if not self.write_failed:
+                log.warning("cost ledger: cannot write %s: %s", self.path, err)
+            self.write_failed = True
+        else:
+            self.write_failed = False
 
 
 def cost_so_far(paths: RunPaths, running: bool = False) -> dict[str, float]:

@@ -91,7 +91,10 @@ class RunWatcher:
 
     def run(self, should_stop: Callable[[], bool]) -> None:
         while not should_stop():
-            self.poll()
+            try:
+                self.poll()
+            except OSError as err:  # e.g. a full filesystem: the run's end names it
+                log.warning("watch: %s", err)
             deadline = self.clock() + self.cfg.observe.alerts.poll_s
             while not should_stop() and self.clock() < deadline:
                 time.sleep(0.2)

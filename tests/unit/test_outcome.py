@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import errno
+import os
 import shlex
 import subprocess
 import sys
@@ -9,10 +11,16 @@ import sys
 import pytest
 
 from relax_hpc import exitcodes
-from relax_hpc.launch.outcome import decide_end, repeated_start_error, start_error
+from relax_hpc.launch.outcome import (
+    MB,
+    decide_end,
+    disk_full_detail,
+    repeated_start_error,
+    start_error,
+)
 from relax_hpc.launch.plan import build_job_plan
 from relax_hpc.launch.sbatch import render_sbatch
-from relax_hpc.paths import RunPaths, atomic_write_json
+from relax_hpc.paths import RunPaths, atomic_write_json, is_disk_full
 
 
 def decide(trainer_exit: int, **facts):
@@ -148,3 +156,67 @@ def test_the_first_task_error_of_the_start_is_its_cause(tmp_path):
     record_error(paths, "rollout", 1, "line 2: not JSON", rank=1)
     record_error(paths, "trainer", 1, "the rollout went away")  # a consequence, later
     assert start_error(paths, 1) == "rollout[1]: ValueError: line 2: not JSON"
+
+
+def test_a_full_filesystem_ends_the_run_with_one_line_saying_what_to_free(tmp_path):
+    paths = RunPaths(tmp_path).create()
+    assert disk_full_detail(paths, 0) is None  # plenty free, no task said so
+    checkpoint = paths.checkpoint_dir(4)
+    checkpoint.mkdir(parents=True)
+    (checkpoint / "weights").write_bytes(b"\0" * (3 * MB))
+    disk_full = OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+    wrapped = RuntimeError(  # how DCP reports a rank's failure: as text
+        "CheckpointException ranks:dict_keys([0])\nOSError: [Errno 28] No space left on device"
+    )
+    assert is_disk_full(disk_full) and is_disk_full(wrapped) and not is_disk_full(ValueError("x"))
+    try:
+        raise RuntimeError("saving failed") from disk_full
+    except RuntimeError as chained:
+        assert is_disk_full(chained)
+    record_error(paths, "trainer", 0, "ignored")  # a ValueError: not a full disk
+    assert disk_full_detail(paths, 0) is None
+    from relax_hpc.component import record_task_error
+    from relax_hpc.runtime import TaskIdentity
+
+    record_task_error(paths, "trainer", TaskIdentity(0, 1, 0, "j", 0, "local"), wrapped)
+    detail = disk_full_detail(paths, 0)
+    assert detail.startswith("the run directory's filesystem is full (")
+    assert "a checkpoint takes 3.0 MB" in detail and f"resume with run_dir={paths.root}" in detail
+    end = decide(1, restarts=0, disk_full=detail)
+    assert (end.outcome, end.exit_code, end.detail) == ("failed", exitcodes.FAILED, detail)
+
+
+@pytest.fixture
+def full_filesystem(tmp_path):
+    """A real filesystem with no space left: a 64 kB tmpfs, filled (root only)."""
+    mount = tmp_path / "full"
+    mount.mkdir()
+    if os.geteuid() != 0 or subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(mount)]
+    ).returncode:
+        pytest.skip("mounting a tmpfs needs root")
+    RunPaths(mount).create()
+    try:
+        with open(mount / "filler", "wb") as handle:
+            while True:
+                handle.write(b"\0" * 4096)
+                handle.flush()
+    except OSError as err:
+        assert err.errno == errno.ENOSPC
+    yield mount
+    subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+def test_the_supervisors_own_writes_never_raise_on_a_full_filesystem(full_filesystem):
+    from relax_hpc.observe.alerts import AlertState
+    from relax_hpc.observe.cost import CostLedger
+
+    paths = RunPaths(full_filesystem)
+    ledger = CostLedger(paths.cost_ledger)
+    ledger.start_attempt("j", 0)
+    ledger.tick()
+    assert ledger.write_failed and not paths.cost_ledger.exists()
+    AlertState(paths.alert_state).save({"once": []})
+    record_error(paths, "trainer", 0, "the record itself cannot be written")
+    assert repeated_start_error(paths, 0) is None
+    assert "filesystem is full (0.0 MB free" in disk_full_detail(paths, 0)  # from statvfs
