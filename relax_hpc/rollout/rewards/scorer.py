@@ -10,6 +10,7 @@ Must not: import torch, the engines or the trainer; rewards see text, not tokens
 from __future__ import annotations
 
 import contextlib
+import logging
 import multiprocessing
 import signal
 import threading
@@ -19,6 +20,13 @@ from typing import Any, NamedTuple
 
 from relax_hpc.rollout.rewards.registry import RewardNameError, resolve_reward
 from relax_hpc.rollout.rewards.result import RewardResult, call_reward
+
+log = logging.getLogger(__name__)
+
+# Pool.terminate() waits on the task queue's lock; a pool worker killed while it held it (a
+# stop signal sent to the task's whole process group reaches the idle worker too) leaves
+# that lock taken forever. close() gives terminate() this long, then kills the workers.
+CLOSE_TIMEOUT_S = 5.0
 
 # Not SIGTERM: Pool.terminate() stops a hung reward with it (and a TERM from Slurm ends
 # the whole step anyway).
@@ -108,10 +116,9 @@ class RewardScorer:
         return self.score([(completion, record.answer, record.metadata)])[0]
 
     def close(self) -> None:
-        if self._pool is not None:
-            self._pool.terminate()
-            self._pool.join()
-            self._pool = None
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            terminate_bounded(pool, CLOSE_TIMEOUT_S)
 
     def __enter__(self) -> RewardScorer:
         return self
@@ -143,3 +150,22 @@ class RewardScorer:
             # Start-up and imports happen now, so they never count against a sample's timeout.
             self._pool.apply(resolve_reward_in_child, (self.spec,))
         return self._pool
+
+
+def terminate_bounded(pool: Pool, timeout_s: float) -> None:
+    """``pool.terminate()`` and ``join()``, given up after ``timeout_s`` (see
+    ``CLOSE_TIMEOUT_S``): its workers are then killed outright and the rollout goes on."""
+
+    def terminate() -> None:
+        pool.terminate()
+        pool.join()
+
+    closer = threading.Thread(target=terminate, name="reward-pool-close", daemon=True)
+    closer.start()
+    closer.join(timeout_s)
+    if closer.is_alive():
+        for worker in list(pool._pool):  # the pool's own handles on its worker processes
+            with contextlib.suppress(OSError, ValueError, AttributeError):
+                worker.kill()
+        log.warning("reward pool: terminate() blocked %.0f s (a worker died holding the "
+                    "queue lock); its workers were killed", timeout_s)  # fmt: skip

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import signal
+import threading
 import time
 
 import pytest
@@ -19,6 +22,7 @@ from relax_hpc.rollout.rewards import (
     math_reward,
     resolve_reward,
 )
+from relax_hpc.rollout.rewards.scorer import CLOSE_TIMEOUT_S
 
 
 def test_exact_match_ignores_surrounding_whitespace_only():
@@ -93,6 +97,22 @@ def test_timed_out_reward_is_killed_and_the_batch_goes_on():
         assert results[0].failed is None and results[2].failed is None
     with RewardScorer("rollout_reward_fixtures:raising_reward", timeout_s=5.0) as scorer:
         assert "raised RuntimeError" in scorer.score([("a", "", {})])[0].failed
+
+
+def test_close_returns_when_the_pool_worker_was_killed_holding_the_queue_lock():
+    """A stop signal to the task's process group kills the idle pool worker inside its
+    queue read; Pool.terminate() alone then waits on the lock it held forever."""
+    scorer = RewardScorer("rollout_reward_fixtures:hanging_reward", timeout_s=5.0)
+    assert scorer.score([("ab", "", {})])[0].score == 2.0
+    workers = list(scorer._pool._pool)
+    os.kill(workers[0].pid, signal.SIGTERM)
+    time.sleep(1.0)
+    started = time.monotonic()
+    closer = threading.Thread(target=scorer.close, daemon=True)
+    closer.start()
+    closer.join(30)
+    assert not closer.is_alive(), "close() hung on the dead worker's queue lock"
+    assert time.monotonic() - started < 3 * CLOSE_TIMEOUT_S
 
 
 SURVIVES_USR1 = """
