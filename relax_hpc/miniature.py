@@ -20,8 +20,8 @@ What the miniature checks stays the recipe's own: reward (and its weights, judge
 and verdict), algorithm, mode and staleness, data schema and keys, chat template setting.
 A vision family's tiny model is the built-in tiny one of ``models.multimodal`` (the same
 sizes, not warm-started) and its file data carries PNG images in the recipe's schema.
-Families whose modality the CPU path cannot carry yet (audio, omni) are refused with a
-``ConfigError`` that says so.
+An omni family's tiny model is the built-in tiny thinker (a whole Qwen3-Omni class maps to
+its thinker's family) and its file data carries PNG images and WAV clips in one row.
 
 Must not: import torch or transformers (submit applies it right after composition).
 """
@@ -54,12 +54,14 @@ _TINY_QWEN3 = {
     "rope_theta": 10000.0,
 }
 # Modalities a miniature runs (resolve.RUNNABLE_MODALITIES: the trainer and engines carry them)
-MINIATURE_MODALITIES = ("text", "vision")
+MINIATURE_MODALITIES = ("text", "vision", "audio", "omni")
 MEDIA_TASK_EVAL_ROWS = 4  # media_task splits are balanced over 4 classes
 # The tiny model of each architecture family, as config kwargs of its transformers class
 # (a media family's: nested kwargs deep-merged over models.multimodal.TINY_ARCH).
 TINY_ARCHITECTURES: dict[str, dict] = {
     "Qwen3VLForConditionalGeneration": {"text_config": {"hidden_size": 64, "num_hidden_layers": 2}},
+    "Qwen2_5OmniThinkerForConditionalGeneration": {},  # models.multimodal.TINY_ARCH as is
+    "Qwen3OmniMoeForConditionalGeneration": {},  # its thinker's TINY_ARCH (MoE, 2 layers)
     "Qwen3ForCausalLM": _TINY_QWEN3,
     "Qwen3MoeForCausalLM": {
         **_TINY_QWEN3,
@@ -78,8 +80,7 @@ def miniaturize(cfg: RunConfig, data_dir: Path) -> RunConfig:
         raise ConfigError(
             "model.modality",
             f"the miniature of {cfg.name} cannot run yet: {cfg.model.architecture} takes "
-            f"{cfg.model.modality} input and the CPU path carries text and images; audio is "
-            "coming (README: Known limitations)",
+            f"{cfg.model.modality} input, which the CPU path does not carry",
         )
     if cfg.model.architecture not in TINY_ARCHITECTURES:
         raise ConfigError(

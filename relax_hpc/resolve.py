@@ -46,7 +46,7 @@ TRAINER_BACKEND_LIBRARIES = {"torch": "torch", "megatron": "megatron.core"}
 ROLLOUT_BACKEND_LIBRARIES = {"transformers": "transformers", "sglang": "sglang"}
 FILE_KINDS = ("jsonl", "parquet")
 # What the trainer and the engines carry today (images: issue #28); audio comes next.
-RUNNABLE_MODALITIES = ("text", "vision")
+RUNNABLE_MODALITIES = ("text", "vision", "audio", "omni")
 # The architectures the Megatron backend's HF <-> Megatron mapping covers (megatron_mapping).
 MEGATRON_ARCHITECTURES = ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM")
 
@@ -274,8 +274,8 @@ def check_modality(model: ModelConfig) -> None:
         raise ConfigError(
             "model.modality",
             f"{model.modality} ({model.architecture}) cannot run yet: the trainer and the "
-            "engines carry text and images (model.modality=vision); audio is coming (README: "
-            "Known limitations); dry_run=true renders the job",
+            f"engines carry {', '.join(RUNNABLE_MODALITIES)} (README: Known limitations); "
+            "dry_run=true renders the job",
         )
 
 

@@ -11,7 +11,17 @@ layout (nested columns, chat-message lists, PNG bytes): the data of a miniature 
 | ``dapo_math`` | DAPO-Math-17k (Parquet, verl layout) | ``prompt`` (chat messages) | ``reward_model.ground_truth`` | - |
 | ``geo3k`` | Geometry3K (Parquet, Hugging Face ``Image`` feature) | ``problem`` (``<image>`` + text) | ``answer`` | ``images`` (``{bytes, path}`` list) |
 | ``prompt_label`` | slime/Relax JSONL | ``prompt`` (chat messages or text) | ``label`` | - |
+| ``omni_mc`` | ours (below), Parquet with HF ``Image``/``Audio`` structs | ``prompt`` (chat messages, typed parts) | ``answer`` (A-D) | ``images`` and ``audio`` |
 | ``custom`` | your own rows | ``data.prompt_key`` | ``data.answer_key`` | - |
+
+``omni_mc``: image-and-audio multiple choice, one row per question. No published dataset
+holds both in one training row in a layout we could adopt as is (OmniBench is a benchmark
+without a train split), so the layout is documented here (docs/multimodal.md) in the form Hugging
+Face datasets give ``Image`` and ``Audio`` features in Parquet: ``images`` and ``audio``
+lists of ``{"bytes", "path"}`` structs (encoded PNG/JPEG, WAV/FLAC), ``prompt`` chat messages
+whose ``content`` is a list of ``{"type": "image"|"audio"|"text", "text"}`` parts (one media
+part per list item, in order), ``options`` the choices and ``answer`` the letter; the
+``multiple_choice`` reward scores the completion's final choice.
 
 Must not: import torch or transformers (``submit`` and the miniature use it); pyarrow is
 imported only to write Parquet.
@@ -19,8 +29,11 @@ imported only to write Parquet.
 
 from __future__ import annotations
 
+import io
 import json
+import math
 import struct
+import wave
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -140,6 +153,53 @@ def prompt_label_rows(count: int, first: int = 0) -> list[Row]:
     return rows
 
 
+OMNI_QUESTIONS = (
+    ("Is the tone you hear higher than the line in the picture is long?", ("yes", "no")),
+    ("Which describes the picture and the sound together?", ("a line and a tone", "silence")),
+)
+
+
+def omni_mc_rows(count: int, first: int = 0) -> list[Row]:
+    """``omni_mc`` rows: one PNG and one WAV clip per question (documented above)."""
+    rows = []
+    for index in range(first, first + count):
+        question, options = OMNI_QUESTIONS[index % len(OMNI_QUESTIONS)]
+        letters = "AB"
+        text = question + " " + " ".join(f"{k}. {o}" for k, o in zip(letters, options, strict=True))
+        content = [
+            {"type": "image", "text": None},
+            {"type": "audio", "text": None},
+            {"type": "text", "text": text},
+        ]
+        rows.append(
+            {
+                "images": [{"bytes": png_bytes(32, 24, seed=index), "path": None}],
+                "audio": [{"bytes": wav_bytes(0.5, 220.0 * (1 + index % 4)), "path": None}],
+                "prompt": [{"role": "user", "content": content}],
+                "options": list(options),
+                "answer": letters[index % 2],
+            }
+        )
+    return rows
+
+
+def omni_mc_types():
+    import pyarrow as pa
+
+    media = pa.list_(pa.struct([("bytes", pa.binary()), ("path", pa.string())]))
+    part = pa.struct([("type", pa.string()), ("text", pa.string())])
+    message = pa.struct([("role", pa.string()), ("content", pa.list_(part))])
+    return pa.schema(
+        [
+            ("images", media),
+            ("audio", media),
+            ("prompt", pa.list_(message)),
+            ("options", pa.list_(pa.string())),
+            ("answer", pa.string()),
+        ]
+    )
+
+
 def custom_rows(prompt_key: str, answer_key: str) -> Callable[[int, int], list[Row]]:
     """Plain question/answer rows under the configured (possibly dotted) keys."""
 
@@ -177,6 +237,15 @@ SCHEMAS: dict[str, DataSchema] = {
     ),
     "prompt_label": DataSchema(
         "prompt_label", "slime/Relax JSONL", "prompt", "label", example_rows=prompt_label_rows
+    ),
+    "omni_mc": DataSchema(
+        "omni_mc",
+        "image-and-audio multiple choice Parquet (documented in data/schemas.py)",
+        "prompt",
+        "answer",
+        image_key="images",  # its audio column is data.audio_key's default, audio
+        example_rows=omni_mc_rows,
+        parquet_types=omni_mc_types,
     ),
 }
 
@@ -219,6 +288,21 @@ def png_bytes(width: int, height: int, seed: int = 0) -> bytes:
     return (
         b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", idat) + chunk(b"IEND", b"")
     )
+
+
+def wav_bytes(seconds: float, frequency_hz: float, rate_hz: int = 16000) -> bytes:
+    """A mono 16-bit PCM WAV of a sine tone, written with the standard library only."""
+    num_frames = int(seconds * rate_hz)
+    samples = (
+        int(9830 * math.sin(2 * math.pi * frequency_hz * i / rate_hz)) for i in range(num_frames)
+    )
+    out = io.BytesIO()
+    with wave.open(out, "wb") as handle:
+        handle.setnchannels(1)
+        handle.setsampwidth(2)
+        handle.setframerate(rate_hz)
+        handle.writeframes(b"".join(struct.pack("<h", s) for s in samples))
+    return out.getvalue()
 
 
 def _put(row: Row, dotted_key: str, value: Any) -> None:

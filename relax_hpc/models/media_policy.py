@@ -24,7 +24,12 @@ from relax_hpc.config.errors import ConfigError
 from relax_hpc.config.schema import DataConfig, ModelConfig
 from relax_hpc.media.processor import MediaProcessor
 from relax_hpc.models.media_warmstart import MediaWarmStartConfig, media_warm_start
-from relax_hpc.models.multimodal import ARCHITECTURES, build_tiny_media_model, load_media_model
+from relax_hpc.models.multimodal import (
+    ARCHITECTURES,
+    OMNI_THINKERS,
+    build_tiny_media_model,
+    load_media_model,
+)
 from relax_hpc.models.warmstart import default_cache_dir
 
 # Media model classes refused at submit, with the reason (ConfigError on model.architecture).
@@ -57,10 +62,12 @@ def check_media_architecture(architecture: str) -> None:
 
 
 def media_family(architecture: str) -> str:
-    """The tiny-model family (``models.multimodal.ARCHITECTURES``) of ``model.architecture``."""
+    """The tiny-model family (``models.multimodal.ARCHITECTURES``) of ``model.architecture``;
+    a whole Omni class's is its thinker's (the part a run trains)."""
     check_media_architecture(architecture)
+    thinker = OMNI_THINKERS.get(architecture, architecture)
     for family, name in ARCHITECTURES.items():
-        if name == architecture:
+        if name == thinker:
             return family
     raise ConfigError(
         "model.architecture",

@@ -18,15 +18,14 @@ from relax_hpc.config import load_run_config
 from relax_hpc.config.compose import compose_run_config
 from relax_hpc.launch.examples import experiment_names
 from relax_hpc.paths import RunPaths, read_json
+from relax_hpc.spool import read_shard
 
-# The CPU path carries text and images; until audio lands these miniatures must fail with a
-# clear message (asserted below), not be skipped.
-AUDIO = ("grpo_qwen3_omni",)
-RUNNABLE = tuple(name for name in experiment_names() if name not in AUDIO)
+RUNNABLE = tuple(experiment_names())
 VISION = ("grpo_qwen3_vl", "grpo_tiny_vl")
+AUDIO = ("grpo_qwen3_omni", "grpo_tiny_omni")  # audio or omni models
 
 
-def submit_miniature(name: str, run_dir) -> subprocess.CompletedProcess:
+def submit_miniature(name: str, run_dir, *overrides: str) -> subprocess.CompletedProcess:
     command = [
         sys.executable,
         "-m",
@@ -34,6 +33,7 @@ def submit_miniature(name: str, run_dir) -> subprocess.CompletedProcess:
         f"+experiment={name}",
         "+preset=miniature",
         f"run_dir={run_dir}",
+        *overrides,
     ]
     return subprocess.run(
         command, capture_output=True, text=True, timeout=300, cwd=REPO, env=submit_env()
@@ -49,7 +49,7 @@ def test_the_lists_are_the_experiments_with_audio_and_vision_models():
         AUDIO
     )
     assert {name for name, modality in modalities.items() if modality == "vision"} == set(VISION)
-    assert set(VISION) <= set(RUNNABLE)  # run below, not skipped
+    assert set(VISION) | set(AUDIO) <= set(RUNNABLE)  # run below, not skipped
 
 
 @pytest.mark.slow  # ~20 s on 2 free cores: three interpreters start, two steps run
@@ -79,17 +79,18 @@ def test_the_miniature_runs_to_its_second_step_and_checkpoints(name, tmp_path):
     )
 
 
-@pytest.mark.parametrize("name", AUDIO)
-def test_an_audio_miniature_fails_clearly_until_audio_lands(name, tmp_path):
+@pytest.mark.slow
+def test_the_omni_miniature_trains_on_rows_with_an_image_and_a_clip(tmp_path):
+    """grpo_qwen3_omni in miniature: omni_mc rows (a PNG and a WAV each) through rollout,
+    spool, trainer and weight sync; the shards the trainer consumed hold both media."""
     run_dir = tmp_path / "run"
-    result = submit_miniature(name, run_dir)
-    assert result.returncode == 2, result.stderr
-    assert (
-        f"relax_hpc: config error: model.modality: the miniature of {name} cannot run yet"
-        in result.stderr
-    )
-    assert "carries text and images; audio is coming" in result.stderr
-    assert not run_dir.exists()
+    result = submit_miniature("grpo_qwen3_omni", run_dir, "spool.keep_consumed=true")
+    assert result.returncode == 0, failure_report(result, run_dir)
+    consumed = sorted((RunPaths(run_dir).spool_dir / "consumed").iterdir())
+    samples = [s for shard in consumed for group in read_shard(shard)[1] for s in group]
+    assert samples and all(len(s.media.images) == 1 and len(s.media.audio) == 1 for s in samples), [
+        (len(s.media.images), len(s.media.audio)) for s in samples if s.media
+    ]
 
 
 def test_the_gpu_script_runs_every_miniature_before_any_gpu_test():

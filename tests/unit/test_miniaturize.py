@@ -12,8 +12,6 @@ from relax_hpc.miniature import TINY_ARCHITECTURES, miniaturize, write_miniature
 from relax_hpc.models.tokenizer import build_char_tokenizer
 from relax_hpc.resolve import resolve_names
 
-AUDIO = {"grpo_qwen3_omni"}  # the miniatures that cannot run yet
-
 
 def dataset_of(cfg):
     """The miniature's train split, read as its components read it (a vision model's
@@ -22,11 +20,14 @@ def dataset_of(cfg):
         return build_dataset(cfg.data, build_char_tokenizer())
     from relax_hpc.models.multimodal import tiny_processor
 
-    processor = tiny_processor("qwen3_vl")
+    family = "qwen3_vl" if cfg.model.modality == "vision" else "qwen3_omni"
+    if cfg.model.architecture == "Qwen2_5OmniThinkerForConditionalGeneration":
+        family = "qwen2_5_omni"
+    processor = tiny_processor(family)
     return build_dataset(cfg.data, processor.tokenizer, processor=processor)
 
 
-@pytest.mark.parametrize("name", sorted(set(experiment_names()) - AUDIO))
+@pytest.mark.parametrize("name", sorted(experiment_names()))
 def test_a_miniature_is_a_valid_cpu_run_of_the_same_recipe(name, tmp_path):
     recipe = compose_run_config([f"+experiment={name}"])
     cfg = miniaturize(compose_run_config([f"+experiment={name}", "+preset=miniature"]), tmp_path)
@@ -61,12 +62,11 @@ def test_a_miniature_is_a_valid_cpu_run_of_the_same_recipe(name, tmp_path):
     assert write_miniature_data(cfg) == []  # a resumed miniature keeps its rows
 
 
-@pytest.mark.parametrize("name", sorted(AUDIO))
-def test_an_audio_miniature_is_refused_with_the_reason(name, tmp_path):
-    with pytest.raises(ConfigError) as err:
-        miniaturize(compose_run_config([f"+experiment={name}"]), tmp_path)
-    assert err.value.field == "model.modality" and "cannot run yet" in str(err.value)
-    assert "text and images; audio is coming" in str(err.value)
+def test_the_omni_miniature_rows_hold_an_image_and_a_clip_each(tmp_path):
+    cfg = miniaturize(compose_run_config(["+experiment=grpo_qwen3_omni"]), tmp_path)
+    write_miniature_data(cfg)
+    records = [r for r in (dataset_of(cfg)[i] for i in range(4)) if r is not None]
+    assert records and all(len(r.media.images) == len(r.media.audio) == 1 for r in records)
 
 
 def test_a_family_without_a_tiny_model_is_named(tmp_path):

@@ -196,15 +196,11 @@ def test_a_folder_whose_config_names_another_architecture_is_refused(transformer
         resolve_names(moe, check_paths=True)
 
 
-def test_vision_experiments_run_and_audio_ones_render_but_do_not_run_yet():
-    for name in ("grpo_qwen3_vl", "grpo_tiny_vl"):
-        check_modality(compose_run_config([f"+experiment={name}"]).model)
-    omni = compose_run_config(["+experiment=grpo_qwen3_omni"])
-    resolve_names(omni, check_paths=False)  # dry_run renders it
-    with pytest.raises(ConfigError) as err:
-        check_modality(omni.model)
-    assert err.value.field == "model.modality" and "cannot run yet" in str(err.value)
-    assert "images (model.modality=vision); audio is coming" in str(err.value)
+def test_vision_audio_and_omni_experiments_run():
+    for name in ("grpo_qwen3_vl", "grpo_tiny_vl", "grpo_qwen3_omni", "grpo_tiny_omni"):
+        cfg = compose_run_config([f"+experiment={name}"])
+        resolve_names(cfg, check_paths=False)
+        check_modality(cfg.model)
 
 
 def test_the_submitting_interpreter_runs_the_job_unless_overridden(tmp_path):

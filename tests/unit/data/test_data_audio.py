@@ -123,3 +123,21 @@ def test_a_json_string_under_bytes_is_a_skipped_row_not_a_crash(tmp_path, proces
         DataConfig(kind="jsonl", path=str(path)), processor.tokenizer, processor=processor
     )
     assert dataset[0] is None and "not encoded bytes" in dataset.skipped_rows[0]
+
+
+def test_omni_mc_rows_carry_an_image_and_a_clip_and_fit_the_reward(tmp_path, processor):
+    from relax_hpc.data.schemas import SCHEMAS, write_rows
+    from relax_hpc.rollout.rewards.registry import resolve_reward
+
+    schema = SCHEMAS["omni_mc"]
+    path = write_rows(schema.example_rows(3, 0), tmp_path / "omni.parquet", "parquet", schema)
+    data = DataConfig(kind="parquet", path=str(path), schema="omni_mc")
+    dataset = build_dataset(data, processor.tokenizer, processor=processor)
+    for index in range(3):
+        record = dataset[index]
+        assert len(record.media.images) == 1 and len(record.media.audio) == 1
+        processor.check_prompt_ids(record.prompt_ids, processor.model_inputs(record.media))
+        assert record.answer == "AB"[index % 2] and record.metadata["options"]
+        reward = resolve_reward("multiple_choice")
+        right = reward(f"The answer is {record.answer}", record.answer, record.metadata)
+        assert right.score == 1.0
