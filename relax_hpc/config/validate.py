@@ -469,7 +469,8 @@ def _check_media_data(cfg: RunConfig) -> None:
     if cfg.rollout.environment and not text_only:
         raise ConfigError(
             "rollout.environment",
-            "multi-turn episodes do not carry a prompt's images yet (issue #28 deliver 6); "
+            "multi-turn episodes of a vision model carry images across turns in the episode "
+            "driver, but no run of one through submit is tested yet (issue #28 deliver 6); "
             "run vision models single-turn (rollout.environment=null)",
         )
     if data.blank_media and text_only:

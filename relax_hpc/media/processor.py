@@ -182,6 +182,11 @@ class MediaProcessor:
             positions += sum(frames)
         return MediaInputs(tensors, tokens, positions)
 
+    def expand(self, text: str, payload: MediaPayload, where: str = "prompt") -> str:
+        """``text`` (rendered markup, one pad per item) with each pad repeated once per
+        embedding of its item in ``payload``: e.g. a multi-turn observation's images."""
+        return self._expand(text, self.model_inputs(payload, where), where)
+
     def check_prompt_ids(
         self, prompt_ids: Sequence[int], inputs: MediaInputs, where: str = "prompt"
     ) -> None:

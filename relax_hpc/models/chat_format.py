@@ -18,9 +18,10 @@ tokenizer's chat template and tokenized on its own:
 
 Used by the rollout's episode driver (``rollout.multiturn``) and by the warm starts that
 write multi-turn demonstrations (``models.agent_warmstart``): both put the same tokens
-between two turns. Observation content is text; a message with structured content (an
-image part) is refused with a ``ValueError`` until media observations go through the
-omni-modal path (docs/agents.md).
+between two turns. Observation content is text, unless the caller renders media
+(``media_parts=True``: the episode driver of a vision model, which expands the image pads
+with its ``MediaProcessor``); otherwise structured content (an image part) is refused with
+a ``ValueError`` naming the fix.
 
 Must not: import torch or the engines; the tokenizer is the only collaborator.
 """
@@ -77,13 +78,21 @@ class ChatFormat:
         """A whole prompt (an environment's first observation), ending in the generation prompt."""
         return self.encode(self.render(messages, tools))
 
-    def observation_text(self, messages: Sequence[Message], end_of_turn_text: str | None) -> str:
-        """The text after a model turn; ``end_of_turn_text``: the end token it ended with."""
+    def observation_text(
+        self,
+        messages: Sequence[Message],
+        end_of_turn_text: str | None,
+        media_parts: bool = False,
+    ) -> str:
+        """The text after a model turn; ``end_of_turn_text``: the end token it ended with.
+        ``media_parts``: typed content parts are rendered by the template (the caller
+        expands their media tokens)."""
         for message in messages:
-            if not isinstance(message.get("content", ""), str):
+            if not media_parts and not isinstance(message.get("content", ""), str):
                 raise ValueError(
                     f"an observation's {message.get('role')!r} message has non-text content; "
-                    "observations carry text only (media observations are not supported yet)"
+                    "a text model's observations carry text only (images in observations "
+                    "need a vision model, model.modality=vision)"
                 )
         closing = self.turn_closing
         if end_of_turn_text and closing.startswith(end_of_turn_text):

@@ -11,10 +11,10 @@ not at all. The environment's step rewards are the reward (no scorer runs).
 ``EpisodeRollout`` owns what lives as long as the worker: the episode runner (its step
 threads) and the tool sandbox (its worker processes); ``close()`` both at exit.
 
-Multimodal observations (an image in a tool's answer) are an extension point: an
-``Observation`` carries chat messages whose content is text, rendered by the tokenizer's
-chat template (``models.chat_format``); media would travel as the engine request's
-``multimodal`` field beside the observation tokens, through the omni-modal path.
+Images: a prompt's media (``PromptRecord.media``) start every episode of its group, and a
+vision model's runner (built with the engine's ``MediaProcessor``) lets observations add
+images (``Observation.images``): every turn's request carries all images so far, and the
+sample's ``media`` holds them in order (``rollout.multiturn``).
 
 Must not: score outside the environment, write the spool, or import the trainer.
 """
@@ -27,6 +27,7 @@ from typing import Any
 
 from relax_hpc.config import RunConfig
 from relax_hpc.data.datasets import PromptRecord
+from relax_hpc.media.processor import MediaProcessor
 from relax_hpc.models.chat_format import ChatFormat
 from relax_hpc.rollout.engines.base import Engine, SamplingParams
 from relax_hpc.rollout.envs import EnvRuntime, resolve_environment
@@ -64,7 +65,10 @@ class EpisodeRollout:
         a redo's, which gives its samples their own ids)."""
         requests = [
             EpisodeRequest(
-                redo_sample_id(g, j, attempt), record.prompt_ids, environment_row(record)
+                redo_sample_id(g, j, attempt),
+                record.prompt_ids,
+                environment_row(record),
+                record.media,
             )
             for g, (_, record) in prompts
             for j in range(n)
@@ -85,7 +89,7 @@ class EpisodeRollout:
         """One episode per record: the share rewarded > 0.5 (``eval/accuracy``, as for
         single-turn runs), the mean reward, the share that called a tool, turns."""
         requests = [
-            EpisodeRequest(f"eval/{i}", r.prompt_ids, environment_row(r))
+            EpisodeRequest(f"eval/{i}", r.prompt_ids, environment_row(r), r.media)
             for i, r in enumerate(records)
         ]
         trajectories = self.runner.run(requests, params)
@@ -103,8 +107,11 @@ class EpisodeRollout:
             self.sandbox.close()
 
 
-def build_episode_rollout(cfg: RunConfig, engine: Engine, tokenizer) -> EpisodeRollout | None:
-    """The episode path of ``cfg`` (None: ``rollout.environment`` is null, single-turn)."""
+def build_episode_rollout(
+    cfg: RunConfig, engine: Engine, tokenizer, processor: MediaProcessor | None = None
+) -> EpisodeRollout | None:
+    """The episode path of ``cfg`` (None: ``rollout.environment`` is null, single-turn);
+    ``processor``: a vision model's, so observations may carry images."""
     rollout = cfg.rollout
     if rollout.environment is None:
         return None
@@ -126,6 +133,7 @@ def build_episode_rollout(cfg: RunConfig, engine: Engine, tokenizer) -> EpisodeR
         EnvRuntime(sandbox, dict(rollout.environment_options)),
         budget,
         seed=cfg.seed,
+        media_processor=processor,
     )
     log.info(
         "rollout: episodes of %s (%s), up to %d turns / %d tokens / %g s each",

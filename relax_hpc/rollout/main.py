@@ -350,7 +350,7 @@ def run_rollout(cfg: RunConfig, paths: RunPaths, identity: TaskIdentity) -> int:
     weights = EngineWeights(receiver, engine, load)
     # Built before joining: a judge's warm start overlaps the trainer's start-up. With an
     # environment, it rewards the episodes and no scorer is built.
-    episodes = build_episode_rollout(cfg, engine, tokenizer)
+    episodes = build_episode_rollout(cfg, engine, tokenizer, processor)
     score, eval_score = make_scorers(cfg, paths, device) if episodes is None else (None, None)
     if not weights.join(should_stop):
         close_rollout_parts(episodes, score, eval_score)

@@ -22,6 +22,14 @@ result dropped). The engine is never idle for a slow tool: episodes whose step i
 to the next engine call while others still wait; steps that finish within ``gather_s`` of
 the first join the same call.
 
+Images across turns (a vision model's runner, built with its ``MediaProcessor``): an
+observation may carry images (``Observation.images``, one per ``{"type": "image"}`` part).
+Its markup is rendered by the chat template and each pad expanded once per embedding of its
+image, so the observation tokens (loss mask 0) hold every image token; the images join the
+episode's media after the prompt's. Every turn's request sends all of them, in order, as
+``multimodal``, and the trajectory's ``media`` is the same list (the prompt's own payload
+object when no observation added one), so the trainer rebuilds the same inputs.
+
 Must not: score outside the environment, write the spool, or import the trainer.
 """
 
@@ -36,6 +44,8 @@ from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, replace
 from typing import Any
 
+from relax_hpc.media.payload import MediaPayload
+from relax_hpc.media.processor import MediaProcessor, content_parts, media_part_counts
 from relax_hpc.models.chat_format import ChatFormat
 from relax_hpc.rollout.engines.base import Completion, Engine, GenerationRequest, SamplingParams
 from relax_hpc.rollout.envs.base import Action, EnvRuntime, StepResult, episode_seed
@@ -63,6 +73,7 @@ class EpisodeRequest:
     sample_id: str  # unique per sample of the run; seeds the engine and the environment
     prompt_ids: list[int]
     row: Mapping[str, Any]  # the dataset row: prompt, answer and its other columns
+    media: MediaPayload | None = None  # the prompt's fitted media (shared by its group)
 
 
 def turn_sample_id(sample_id: str, turn: int) -> str:
@@ -73,7 +84,9 @@ def turn_sample_id(sample_id: str, turn: int) -> str:
 class _Episode:
     def __init__(self, request: EpisodeRequest, started_s: float) -> None:
         self.request = request
-        self.trajectory = Trajectory(request.sample_id, list(request.prompt_ids))
+        self.trajectory = Trajectory(
+            request.sample_id, list(request.prompt_ids), media=request.media
+        )
         self.started_s = started_s
         self.env: Any = None
         self.waiting_for = "model"  # "model", "env" (a step in flight) or "" (ended)
@@ -81,6 +94,13 @@ class _Episode:
 
     def context_ids(self) -> list[int]:
         return self.trajectory.prompt_ids + self.trajectory.response_ids
+
+    def multimodal(self) -> dict[str, list[Any]] | None:
+        """The engine request's media: every image of the context so far, in order."""
+        media = self.trajectory.media
+        if media is None or media.is_empty:
+            return None
+        return {"image": list(media.images), "audio": list(media.audio)}
 
 
 class EpisodeRunner:
@@ -97,8 +117,10 @@ class EpisodeRunner:
         step_threads: int = 32,
         gather_s: float = 0.02,
         clock: Callable[[], float] = time.monotonic,
+        media_processor: MediaProcessor | None = None,
     ) -> None:
         self.engine = engine
+        self.media_processor = media_processor  # a vision model's: images in observations
         self.chat = chat
         self.env_class = env_class
         self.runtime = runtime
@@ -137,7 +159,9 @@ class EpisodeRunner:
         try:
             episode.env = self.env_class(self.runtime)
             first = episode.env.reset(request.row, episode_seed(self.seed, request.sample_id))
-            if first is not None and first.messages:
+            if first is not None and first.images:
+                self._media_prompt(episode, first)
+            elif first is not None and first.messages:
                 episode.trajectory.prompt_ids = self.chat.prompt_ids(first.messages, first.tools)
         except Exception as error:  # a broken environment ends its episode, not the rollout
             self._fail(episode, "reset", error)
@@ -156,7 +180,9 @@ class EpisodeRunner:
             turn_params = replace(params, max_new_tokens=max_new_tokens, stop=stops)
             requests = [
                 GenerationRequest(
-                    turn_sample_id(e.request.sample_id, e.trajectory.num_turns), e.context_ids()
+                    turn_sample_id(e.request.sample_id, e.trajectory.num_turns),
+                    e.context_ids(),
+                    e.multimodal(),
                 )
                 for e in batch
             ]
@@ -220,10 +246,8 @@ class EpisodeRunner:
             self._end(episode, "max_turns")
         else:
             try:
-                observation = self.chat.observation_ids(
-                    outcome.observation.messages, episode.end_of_turn_text
-                )
-            except Exception as error:  # a message the template cannot render
+                observation, media = self._observation(episode, outcome.observation)
+            except Exception as error:  # a message the template cannot render, a bad image
                 self._fail(episode, "observation", error)
                 return
             # An observation that leaves no room for a model token ends the episode.
@@ -231,7 +255,46 @@ class EpisodeRunner:
                 self._end(episode, "max_tokens")
             else:
                 trajectory.add_observation(observation)
+                trajectory.media = media
                 episode.waiting_for = "model"
+
+    def _observation(
+        self, episode: _Episode, observation: Any
+    ) -> tuple[list[int], MediaPayload | None]:
+        """The observation's tokens, and the episode's media with its images appended."""
+        media = episode.trajectory.media
+        if not observation.images:
+            ids = self.chat.observation_ids(observation.messages, episode.end_of_turn_text)
+            return ids, media
+        processor = self._processor()
+        messages = _typed_messages(observation, episode.request.sample_id)
+        text = self.chat.observation_text(messages, episode.end_of_turn_text, media_parts=True)
+        where = f"{episode.request.sample_id} observation {episode.trajectory.num_turns}"
+        added = processor.fit(observation.images, (), where)
+        text = processor.expand(text, added, where)
+        old = (media.images, media.audio) if media is not None else ((), ())
+        merged = MediaPayload(
+            (*old[0], *added.images), old[1], added.sampling_rate_hz, added.fingerprint
+        )
+        return self.chat.encode(text), merged
+
+    def _media_prompt(self, episode: _Episode, first: Any) -> None:
+        """A ``reset`` observation with images is the whole prompt, its images the media."""
+        processed = self._processor().process(
+            list(_typed_messages(first, episode.request.sample_id)),
+            first.images,
+            where=f"{episode.request.sample_id} reset",
+        )
+        episode.trajectory.prompt_ids = processed.prompt_ids
+        episode.trajectory.media = processed.payload
+
+    def _processor(self) -> MediaProcessor:
+        if self.media_processor is None:
+            raise ValueError(
+                "the observation carries images, but the policy is a text model; images in "
+                "observations need a vision model (model.modality=vision)"
+            )
+        return self.media_processor
 
     def _expire(self, episodes: list[_Episode], pending: dict[Future, _Episode]) -> None:
         """End episodes past their wall budget; their steps in flight are dropped."""
@@ -267,6 +330,18 @@ class EpisodeRunner:
             episode.env.close()
         except Exception as error:  # closing must not hide the trajectories
             log.warning("episode %s: environment close raised %r", episode.request.sample_id, error)
+
+
+def _typed_messages(observation: Any, where: str) -> tuple[dict[str, Any], ...]:
+    """Messages with typed part contents, one image part per image (else a ValueError)."""
+    messages = tuple({**m, "content": content_parts(m["content"])} for m in observation.messages)
+    num_image_parts = media_part_counts(list(messages))[0]
+    if num_image_parts != len(observation.images):
+        raise ValueError(
+            f"{where}: the observation has {num_image_parts} image parts for "
+            f"{len(observation.images)} images; give one {{'type': 'image'}} part per image"
+        )
+    return messages
 
 
 def _step(env: Any, action: Action) -> StepResult | Exception:

@@ -29,6 +29,7 @@ from typing import Any
 
 import numpy as np
 
+from relax_hpc.media.payload import MediaPayload
 from relax_hpc.spool import Sample
 
 # Why an episode ended: the environment said so, or a budget ran out, or the environment
@@ -59,6 +60,9 @@ class Trajectory:
     info: dict[str, Any] = field(default_factory=dict)
     wall_s: float = 0.0
     tool_wall_s: float = 0.0
+    # Every image of prompt + observations, in order (the prompt's payload object until an
+    # observation adds images): what the engine was sent and the trainer rebuilds.
+    media: MediaPayload | None = None
 
     def add_model_turn(
         self, token_ids: list[int], logprobs: list[float], finish_reason: str, version: int
@@ -121,6 +125,7 @@ def to_sample(trajectory: Trajectory, group_id: str, data_index: int) -> Sample:
         policy_version=t.policy_version,
         finish_reason=t.end_reason,
         num_turns=t.num_turns,
+        media=t.media,
         timings_s={"episode": round(t.wall_s, 4), "tools": round(t.tool_wall_s, 4)},
         reward_details=reward_failure(t.info),
         metadata={

@@ -173,10 +173,16 @@ def _sample_lines(sample: Sample, decode: Callable[[np.ndarray], str] | None) ->
 def inspect_lines(path: Path, limit: int, decode: Callable[[np.ndarray], str] | None) -> list[str]:
     header, groups = read_shard(path)
     lines = [f"{path}", f"  {header}", f"  file bytes: {path.stat().st_size}"]
-    payloads = [g[0].media for g in groups if g[0].media is not None]
+    payloads = {id(s.media): s.media for g in groups for s in g if s.media is not None}
     if payloads:
-        media_bytes = sum(p.num_bytes for p in payloads)
-        lines.append(f"  group media: {len(payloads)} groups, {media_bytes} bytes (once per group)")
+        media_bytes = sum(p.num_bytes for p in payloads.values())
+        shared = sum(
+            1 for g in groups if g[0].media is not None and len({id(s.media) for s in g}) == 1
+        )
+        lines.append(
+            f"  group media: {shared} groups, {len(payloads) - shared} samples of their own, "
+            f"{media_bytes} bytes (once per group or sample)"
+        )
     samples = [s for group in groups for s in group]
     for sample in samples[:limit]:
         lines += _sample_lines(sample, decode)

@@ -19,13 +19,18 @@ Layout (schema version 2). File attributes: ``schema`` (= ``SCHEMA_NAME``),
                                 concatenated shapes, and which arrays belong to which sample
     audio/... (same five) + audio/sample_rate_hz   float32 waveforms and int64 rates
                                 (``images``/``audio`` only when some sample has them)
-    media/...                   the prompt's fitted media (``Sample.media``), ONCE PER GROUP
-                                (every sample of a group shares one ``MediaPayload``); only
-                                when some group has media, see ``media_columns`` below
+    media/...                   the fitted media (``Sample.media``), ONCE PER GROUP when
+                                every sample of the group shares one ``MediaPayload`` (the
+                                prompt's), else once per sample (a multi-turn group whose
+                                episodes observed different images); only when some sample
+                                has media, see "Media" below
 
-Group media (``MediaPayload.to_arrays`` of each of the M groups that have one, concatenated):
+Media (``MediaPayload.to_arrays`` of each of the M stored payloads, concatenated):
 
-    media/groups                int64 (M,)    index of each such group, increasing
+    media/groups                int64 (M,)    the group of each payload, non-decreasing
+    media/samples               int64 (M,)    only when some group stores per sample: the
+                                              sample's index in its group, or -1 for the
+                                              whole group; (group, sample) increasing
     media/meta                  uint8         utf-8 JSON array of M ``{sampling_rate_hz,
                                               fingerprint}``
     media/image/values          uint8         every image's (H, W, 3) pixels, flat
@@ -35,9 +40,11 @@ Group media (``MediaPayload.to_arrays`` of each of the M groups that have one, c
     media/audio/lengths         int64 (C,)    samples of each clip
     media/audio/offsets         int64 (M+1,)  clips of media group m
 
-The reader builds one ``MediaPayload`` per group and gives it to every sample of the group
-(shared, as written). Shards without media (text) have no ``media/`` datasets, as before
-this layout: the schema version is unchanged (a reader of version 2 without media support
+The reader builds one ``MediaPayload`` per stored payload and gives a group's to every
+sample of the group (shared, as written). A shard without per-sample payloads has no
+``media/samples`` (the layout of shards written before it); a reader without per-sample
+support finds an undecoded dataset and refuses such a shard as corrupt, never misreads it.
+Shards without media (text) have no ``media/`` datasets, as before this layout: the schema version is unchanged (a reader of version 2 without media support
 finds datasets it did not decode and refuses the shard as corrupt; it never misreads one).
 
 Seal: the file begins with a 512-byte HDF5 user block (never read by the library) holding
@@ -189,11 +196,6 @@ def _check_group(group: Sequence[Sample], index: int) -> None:
             )
         if s.policy_version < 0:
             raise ValueError(f"sample {s.sample_id!r}: policy_version must be >= 0")
-    if any(s.media is not group[0].media for s in group):
-        raise ValueError(
-            f"group {index} ({group[0].group_id!r}): its samples carry different media "
-            "objects; a group's samples share one MediaPayload (the prompt's), stored once"
-        )
 
 
 def _write_samples(h5: _ChecksummedDatasets, samples: list[Sample]) -> None:
@@ -216,13 +218,28 @@ def _write_samples(h5: _ChecksummedDatasets, samples: list[Sample]) -> None:
         h5["audio/sample_rate_hz"] = np.asarray(rates, dtype=np.int64)
 
 
+def _media_entries(groups: Sequence[Sequence[Sample]]) -> list[tuple[int, int, MediaPayload]]:
+    """(group, sample or -1 for the whole group, payload) of every payload to store."""
+    entries = []
+    for g, group in enumerate(groups):
+        if all(s.media is group[0].media for s in group):
+            if group[0].media is not None:
+                entries.append((g, -1, group[0].media))
+        else:
+            entries += [(g, j, s.media) for j, s in enumerate(group) if s.media is not None]
+    return entries
+
+
 def _write_group_media(h5: _ChecksummedDatasets, groups: Sequence[Sequence[Sample]]) -> None:
-    """The ``media/`` datasets: each group's payload once (see the module docstring)."""
-    indices = [g for g, group in enumerate(groups) if group[0].media is not None]
-    if not indices:
+    """The ``media/`` datasets: each group's payload once, or each sample's (see the module
+    docstring)."""
+    entries = _media_entries(groups)
+    if not entries:
         return
-    stored = [groups[g][0].media.to_arrays() for g in indices]
-    h5["media/groups"] = np.asarray(indices, dtype=np.int64)
+    stored = [payload.to_arrays() for _, _, payload in entries]
+    h5["media/groups"] = np.asarray([g for g, _, _ in entries], dtype=np.int64)
+    if any(j >= 0 for _, j, _ in entries):
+        h5["media/samples"] = np.asarray([j for _, j, _ in entries], dtype=np.int64)
     metas = json.dumps([meta for _, meta in stored], sort_keys=True).encode("utf-8")
     h5["media/meta"] = np.frombuffer(metas, dtype=np.uint8)
     arrays = [a for a, _ in stored]
@@ -378,13 +395,15 @@ class _Columns:
         return [arrays[a:b] for a, b in bounds]
 
 
-def _read_group_media(cols: _Columns, h5: h5py.File, num_groups: int) -> dict[int, MediaPayload]:
-    """Group index -> its shared ``MediaPayload`` (empty without ``media/`` datasets)."""
+def _read_group_media(
+    cols: _Columns, h5: h5py.File, group_sizes: Sequence[int]
+) -> dict[tuple[int, int], MediaPayload]:
+    """(group, sample or -1 for the whole group) -> its ``MediaPayload`` (empty without
+    ``media/`` datasets)."""
     if "media" not in h5:
         return {}
     indices = cols.array("media/groups", np.int64).tolist()
-    if indices != sorted(set(indices)) or not all(0 <= g < num_groups for g in indices):
-        raise ShardCorruptError(f"media/groups {indices} are not increasing group indices")
+    owners = _media_owners(cols, h5, indices, group_sizes)
     metas = _json_list(cols.array("media/meta", np.uint8), "media/meta", len(indices))
     image_values = cols.array("media/image/values", np.uint8)
     shapes = cols.array("media/image/shapes", np.int64)
@@ -402,7 +421,7 @@ def _read_group_media(cols: _Columns, h5: h5py.File, num_groups: int) -> dict[in
     if sample_offsets[-1] != len(audio_values) or np.any(lengths < 0):
         raise ShardCorruptError("media/audio/values do not match media/audio/lengths")
     payloads = {}
-    for m, group in enumerate(indices):
+    for m in range(len(indices)):
         i0, i1 = int(image_offsets[m]), int(image_offsets[m + 1])
         c0, c1 = int(clip_offsets[m]), int(clip_offsets[m + 1])
         arrays = {
@@ -411,8 +430,29 @@ def _read_group_media(cols: _Columns, h5: h5py.File, num_groups: int) -> dict[in
             "audio/values": audio_values[sample_offsets[c0] : sample_offsets[c1]],
             "audio/lengths": lengths[c0:c1],
         }
-        payloads[group] = _payload(arrays, metas[m])
+        payloads[owners[m]] = _payload(arrays, metas[m])
     return payloads
+
+
+def _media_owners(
+    cols: _Columns, h5: h5py.File, indices: list[int], group_sizes: Sequence[int]
+) -> list[tuple[int, int]]:
+    """(group, sample) of each stored payload, checked: increasing, in range, and a whole
+    group's payload alone in its group."""
+    samples = [-1] * len(indices)
+    if "media/samples" in h5:
+        samples = cols.array("media/samples", np.int64, len(indices)).tolist()
+    owners = list(zip(indices, samples, strict=True))
+    whole = [g for g, j in owners if j == -1]
+    in_range = all(0 <= g < len(group_sizes) and -1 <= j < group_sizes[g] for g, j in owners)
+    if (
+        owners != sorted(set(owners))
+        or not in_range
+        or len(whole) != len(set(whole))
+        or any(indices.count(g) > 1 for g in whole)
+    ):
+        raise ShardCorruptError(f"media/groups and media/samples {owners} name no valid owners")
+    return owners
 
 
 def _payload(arrays: dict[str, np.ndarray], meta: Any) -> MediaPayload:
@@ -509,7 +549,8 @@ def _read_groups(h5: h5py.File, header: ShardHeader) -> list[Group]:
     waveforms = cols.array_lists("audio", np.float32)
     num_clips = sum(len(w) for w in waveforms)
     rates = cols.array("audio/sample_rate_hz", np.int64, num_clips).tolist() if num_clips else []
-    media = _read_group_media(cols, h5, header.num_groups)
+    group_sizes = np.diff(group_offsets).tolist()
+    media = _read_group_media(cols, h5, group_sizes)
     cols.check_all_read()  # before any sample is built: a shard is never half-trusted
     rate_iter = iter(rates)
     samples = [
@@ -526,9 +567,9 @@ def _read_groups(h5: h5py.File, header: ShardHeader) -> list[Group]:
         for i in range(n)
     ]
     groups = [samples[a:b] for a, b in itertools.pairwise(group_offsets.tolist())]
-    for index, payload in media.items():
-        for sample in groups[index]:
-            sample.media = payload  # one object per group, as the writer had it
+    for (index, j), payload in media.items():
+        for sample in groups[index] if j == -1 else [groups[index][j]]:
+            sample.media = payload  # one object per group (or sample), as the writer had it
     return groups
 
 

@@ -5,8 +5,10 @@ A response token ``t`` of row ``i`` sits at input position ``prompt_len[i] + t``
 predicted by the logits at position ``prompt_len[i] + t - 1``.
 
 Media (images, audio) ride along per row (``TrainBatch.media``): the model inputs rebuilt
-once per group from the group's ``MediaPayload`` (``Sample.media``) by the model's
-``MediaProcessor``; the prompt ids already hold every media token.
+once per payload object (``Sample.media``: one per group, or one per sample when a
+multi-turn environment showed each sample its own images) by the model's
+``MediaProcessor``; the prompt ids hold every media token of the prompt, the response the
+observation's (loss mask 0).
 """
 
 from __future__ import annotations
@@ -130,8 +132,8 @@ def collate(
 def collate_group_media(
     groups: Sequence[Sequence[Sample]], processor: MediaProcessor | None
 ) -> MediaBatch | None:
-    """One ``MediaInputs`` per row, built once per group and shared by its rows; None when
-    no sample has media (the text path stays as it was)."""
+    """One ``MediaInputs`` per row, built once per payload object (a group's rows share
+    it); None when no sample has media (the text path stays as it was)."""
     if all(s.media is None for group in groups for s in group):
         return None
     if processor is None:
@@ -139,34 +141,27 @@ def collate_group_media(
             "the spool holds samples with images/audio but the trainer's model takes text "
             "only; set model.modality (vision | audio | omni) and a media model"
         )
+    built: dict[int, MediaInputs] = {}  # id(payload) -> its inputs
     rows: list[MediaInputs | None] = []
-    for group in groups:
-        inputs = _group_inputs(group, processor)
-        rows += [inputs] * len(group)
+    for sample in (s for group in groups for s in group):
+        rows.append(_sample_inputs(sample, processor, built))
     return MediaBatch(rows)
 
 
-def _group_inputs(group: Sequence[Sample], processor: MediaProcessor) -> MediaInputs | None:
-    payload: MediaPayload | None = group[0].media
-    where = f"group {group[0].group_id}"
-    if not all(_same_payload(s.media, payload) for s in group[1:]):
-        raise ValueError(f"{where}: its samples carry different media; a group is one prompt")
+def _sample_inputs(
+    sample: Sample, processor: MediaProcessor, built: dict[int, MediaInputs]
+) -> MediaInputs | None:
+    payload: MediaPayload | None = sample.media
     if payload is None or payload.is_empty:
         return None
-    inputs = processor.model_inputs(payload, where)
-    processor.check_prompt_ids(group[0].prompt_token_ids.tolist(), inputs, where)
+    where = f"sample {sample.sample_id}"
+    if id(payload) not in built:
+        built[id(payload)] = processor.model_inputs(payload, where)
+    inputs = built[id(payload)]
+    # Pads in the response are a multi-turn observation's images (the policy never writes one).
+    ids = [*sample.prompt_token_ids.tolist(), *sample.response_token_ids.tolist()]
+    processor.check_prompt_ids(ids, inputs, where)
     return inputs
-
-
-def _same_payload(a: MediaPayload | None, b: MediaPayload | None) -> bool:
-    if a is b:
-        return True  # the spool's contract: one object per group
-    if a is None or b is None or a.fingerprint != b.fingerprint:
-        return False
-    if (len(a.images), len(a.audio)) != (len(b.images), len(b.audio)):
-        return False
-    pairs = [*zip(a.images, b.images, strict=True), *zip(a.audio, b.audio, strict=True)]
-    return all(x.shape == y.shape and bool((x == y).all()) for x, y in pairs)
 
 
 def response_positions(prompt_len_B: torch.Tensor, width: int) -> torch.Tensor:

@@ -45,11 +45,16 @@ class Observation:
     """What the model sees next: chat messages, rendered with the tokenizer's chat template.
 
     After a step: ``tool`` and/or ``user`` messages. From ``reset``: the whole prompt, with
-    ``tools`` (JSON schemas) for templates that describe tools in the prompt (Qwen3).
+    ``tools`` (JSON schemas) for templates that describe tools in the prompt (Qwen3). A
+    message's content is a text, or typed parts (``{"type": "text", "text": ...}``,
+    ``{"type": "image"}``) when the observation carries ``images``.
     """
 
     messages: tuple[Message, ...] = ()
     tools: tuple[Mapping[str, Any], ...] = ()
+    # RGB images (uint8 HxWx3 arrays or PIL), one per ``{"type": "image"}`` content part of
+    # ``messages``, in order (a vision model only: the driver expands and sends them).
+    images: tuple[Any, ...] = ()
 
 
 @dataclass(frozen=True)

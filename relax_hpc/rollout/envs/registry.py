@@ -19,6 +19,7 @@ from typing import Any
 from relax_hpc.rollout.envs.base import EnvRuntime
 
 BUILTIN_ENVIRONMENTS: dict[str, str] = {
+    "brighter": "relax_hpc.rollout.envs.brighter:BrighterEnv",
     "calculator": "relax_hpc.rollout.envs.calculator:CalculatorEnv",
     "guess_number": "relax_hpc.rollout.envs.guess_number:GuessNumberEnv",
     "python_math": "relax_hpc.rollout.envs.python_math:PythonMathEnv",

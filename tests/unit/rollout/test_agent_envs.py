@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from relax_hpc.data.tasks import GuessNumberTask
@@ -15,6 +16,7 @@ from relax_hpc.rollout.envs import (
     episode_seed,
     resolve_environment,
 )
+from relax_hpc.rollout.envs.brighter import BrighterEnv
 from relax_hpc.rollout.envs.calculator import CalculatorEnv, calculate
 from relax_hpc.rollout.envs.guess_number import GuessNumberEnv
 from relax_hpc.rollout.envs.python_math import PythonMathEnv
@@ -48,7 +50,7 @@ def test_a_user_class_resolves_by_module_and_name():
     ("spec", "message"),
     [
         ("calculater", r"rollout.environment: 'calculater' is not a built-in environment \("
-         r"calculator, guess_number, python_math\); user environments are written as"),
+         r"brighter, calculator, guess_number, python_math\); user environments are written as"),
         ("no_such_pkg.envs:Env", "rollout.environment: cannot import 'no_such_pkg.envs'"),
         ("agent_fixtures:Missing", "agent_fixtures has no class 'Missing'"),
         ("agent_fixtures:NoStep", "has no step method"),
@@ -251,3 +253,22 @@ def test_a_tokenizer_without_chat_template_is_refused():
     tokenizer.chat_template = None
     with pytest.raises(ValueError, match="has none"):
         ChatFormat(tokenizer)
+
+
+# --- brighter ----------------------------------------------------------------------------------
+def test_brighter_shows_a_then_b_and_rewards_naming_the_brighter(runtime):
+    env = BrighterEnv(runtime)
+    first = env.reset({"seed": 3}, seed=99)
+    (image_a,) = first.images
+    observed = env.step(action("ok", turn=0))
+    (image_b,) = observed.observation.images
+    question = observed.observation.messages[0]["content"][-1]["text"]
+    assert not observed.done and "A or B" in question
+    assert abs(int(image_a[0, 0, 0]) - int(image_b[0, 0, 0])) >= 40
+    right = "A" if image_a.mean() > image_b.mean() else "B"
+    wrong = "B" if right == "A" else "A"
+    assert env.step(action(f"it is {right}", turn=1)).reward == 1.0
+    assert env.step(action(f"{wrong}.", turn=1)).reward == 0.0
+    assert env.step(action("no idea", turn=1)).info == {"answered": False}
+    again = BrighterEnv(runtime)
+    assert np.array_equal(again.reset({"seed": 3}, seed=1).images[0], image_a)  # the row's seed

@@ -4,7 +4,9 @@ shard), exactly-once and resume unchanged, text shards as before."""
 
 from __future__ import annotations
 
+import json
 import shutil
+import zlib
 from pathlib import Path
 
 import h5py
@@ -112,7 +114,8 @@ def test_shard_bytes_grow_by_the_images_once_whatever_the_group_size(tmp_path: P
     assert media.num_bytes <= sizes[2] < media.num_bytes + 8192
     assert abs(sizes[16] - sizes[2]) < 1024  # 8x the samples, not 8x the images
     lines = inspect_lines(with_media, limit=1, decode=None)
-    assert f"  group media: 1 groups, {media.num_bytes} bytes (once per group)" in lines
+    expected = f"  group media: 1 groups, 0 samples of their own, {media.num_bytes} bytes"
+    assert f"{expected} (once per group or sample)" in lines
 
 
 def test_text_shards_have_no_media_datasets(tmp_path: Path) -> None:
@@ -122,12 +125,41 @@ def test_text_shards_have_no_media_datasets(tmp_path: Path) -> None:
     assert all(s.media is None for g in read_shard(path)[1] for s in g)
 
 
-def test_samples_of_a_group_must_share_one_payload(tmp_path: Path) -> None:
-    group = media_group("a", payload(1))
-    group[1].media = payload(1)  # equal, but a second copy: it would be stored twice
-    with pytest.raises(ValueError, match="share one MediaPayload"):
-        write_shard_file(tmp_path / "s.h5", [group], "w0", 0.0)
-    assert not (tmp_path / "s.h5").exists()
+def test_samples_of_a_multiturn_group_keep_their_own_payloads(tmp_path: Path) -> None:
+    """Episodes of one prompt that observed different images: each sample's payload is
+    stored once; a sample without media stays without; shared groups beside it as before."""
+    shared, own = payload(1), [payload(4, shapes=((16, 16),) * k) for k in (1, 2)]
+    group = media_group("agent", None, size=3)
+    group[0].media, group[2].media = own
+    path = tmp_path / "s.h5"
+    write_shard_file(path, [media_group("a", shared), group], "w0", 0.0)
+    assert dataset_names(path) == sorted([*TEXT_DATASETS, *MEDIA_DATASETS, "media/samples"])
+    with h5py.File(path, "r") as h5:
+        assert h5["media/groups"][()].tolist() == [0, 1, 1]
+        assert h5["media/samples"][()].tolist() == [-1, 0, 2]
+    _, (a, agent) = read_shard(path)
+    assert all(s.media is a[0].media for s in a) and same_payload(a[0].media, shared)
+    assert same_payload(agent[0].media, own[0]) and same_payload(agent[2].media, own[1])
+    assert agent[1].media is None
+    lines = inspect_lines(path, limit=0, decode=None)
+    assert any("group media: 1 groups, 2 samples of their own" in line for line in lines)
+
+
+@pytest.mark.parametrize("samples", [[-1, 0, 0], [-1, 3, 0], [-1, 2, 0], [-1, -1, 2]])
+def test_bad_media_owners_are_corruption(tmp_path: Path, samples: list[int]) -> None:
+    group = media_group("agent", None, size=3)
+    group[0].media, group[2].media = payload(4), payload(5)
+    path = tmp_path / "s.h5"
+    write_shard_file(path, [media_group("a", payload(1)), group], "w0", 0.0)
+    with h5py.File(path, "r+") as h5:  # a writer bug, checksummed as written
+        checksums = json.loads(h5.attrs["checksums"])
+        del h5["media/samples"]
+        h5["media/samples"] = np.asarray(samples, dtype=np.int64)
+        checksums["media/samples"] = zlib.crc32(np.asarray(samples, dtype=np.int64).tobytes())
+        h5.attrs["checksums"] = json.dumps(checksums, sort_keys=True)
+    seal(path)
+    with pytest.raises(ShardCorruptError, match="name no valid owners"):
+        read_shard(path)
 
 
 def _flip_stored_byte(path: Path, dataset: str) -> None:

@@ -58,10 +58,12 @@ def test_collate_refuses_media_it_cannot_carry(policy, groups):
     pad = processor.tokenizer.pad_token_id
     with pytest.raises(ValueError, match="set model.modality"):
         collate(groups, pad)  # a text trainer
-    mixed = [[*groups[0][:-1], copy.copy(groups[1][0])]]
-    mixed[0][-1].group_id = "0"
-    with pytest.raises(ValueError, match="group 0: its samples carry different media"):
-        collate(mixed, pad, processor)
+    # a sample whose media do not fill its tokens (one image too many)
+    stale = [[*groups[0][:-1], copy.copy(groups[0][-1])]]
+    media = stale[0][-1].media
+    stale[0][-1].media = dataclasses.replace(media, images=media.images * 2)
+    with pytest.raises(ValueError, match=r"sample .*: the prompt holds \d+ media tokens"):
+        collate(stale, pad, processor)
     text_only = [[copy.copy(s) for s in group] for group in groups]
     for group in text_only:
         for sample in group:
