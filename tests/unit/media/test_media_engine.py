@@ -11,6 +11,7 @@ import torch
 from media_fixtures import left_padded, random_image, tiny, tone
 
 from relax_hpc.media.inputs import MediaBatch, collate_media, media_budget_chunks
+from relax_hpc.models.multimodal import load_media_model, save_media_model
 from relax_hpc.rollout.engines.base import GenerationRequest, SamplingParams
 from relax_hpc.rollout.engines.media_engine import MediaTransformersEngine, media_request
 from relax_hpc.trainer.media_logprobs import media_token_logprobs
@@ -182,3 +183,25 @@ def test_media_tokens_are_never_written_even_by_a_model_that_prefers_them():
     ):
         (completion,) = MediaTransformersEngine(model, processor).generate([request], params)
         assert not set(completion.token_ids) & set(processor.media_token_ids)
+
+
+def test_a_media_model_memory_mapped_from_its_folder_is_released_and_resumed(tmp_path):
+    """``mode=sync`` with a user's folder: its weights are mapped from the file (not resizable)."""
+    model, processor = load_media_model(save_media_model(tmp_path, *tiny("qwen3_vl")))
+    assert not model.lm_head.weight.untyped_storage().resizable()
+    processed = [processor.process(*prompt) for prompt in PROMPTS["qwen3_vl"][:3]]
+    requests = [
+        GenerationRequest(
+            f"g{i}/0", p.prompt_ids, None if p.payload.is_empty else media_request(p.payload)
+        )
+        for i, p in enumerate(processed)
+    ]
+    engine = MediaTransformersEngine(model, processor)
+    params = SamplingParams(temperature=1.0, max_new_tokens=8, seed=5)
+    before = [c.token_ids for c in engine.generate(requests, params)]
+    weights = {name: t.clone() for name, t in model.state_dict().items()}
+    for _ in range(2):  # the second time, a resumed engine that got weights while released
+        engine.release_memory()
+        assert all(not t.untyped_storage().nbytes() for t in model.parameters())
+        engine.load_weights(weights)
+        assert [c.token_ids for c in engine.generate(requests, params)] == before

@@ -90,6 +90,63 @@ def test_a_model_loaded_from_a_folder_releases_and_takes_back_its_weights(tmp_pa
     assert model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()
 
 
+def reloaded(model: torch.nn.Module, folder, **save) -> torch.nn.Module:
+    """``model`` as a user's folder gives it: saved, loaded back memory-mapped."""
+    model.save_pretrained(folder, **save)
+    return type(model).from_pretrained(folder, local_files_only=True).eval()
+
+
+def on_one_borrowed_buffer(model: torch.nn.Module) -> torch.nn.Module:
+    """Every parameter and buffer a view into one buffer torch did not allocate (and so cannot
+    resize), as a loader that maps one file may hand them out; tied weights stay tied."""
+    tensors = list({t.untyped_storage().data_ptr(): t for t in model.parameters()}.values())
+    tensors += list(model.buffers())
+    borrowed = torch.frombuffer(bytearray(sum(t.nbytes for t in tensors)), dtype=torch.uint8)
+    offset = 0
+    with torch.no_grad():
+        for tensor in tensors:
+            view = borrowed[offset : offset + tensor.nbytes].view(tensor.dtype)
+            view.copy_(tensor.reshape(-1))
+            tensor.set_(view.untyped_storage(), offset // tensor.element_size(), tensor.shape)
+            offset += tensor.nbytes
+    return model
+
+
+def released_and_resumed_twice(engine: TransformersEngine) -> None:
+    """Generation is unchanged across two release/resume cycles, one with new weights."""
+    before, held = generate(engine), resident_bytes(engine)
+    weights = {name: t.clone() for name, t in engine.model.state_dict().items()}
+    for _ in range(2):
+        engine.release_memory()
+        assert resident_bytes(engine) == 0 < held
+        assert generate(engine) == before
+        assert resident_bytes(engine) == held
+        engine.release_memory()  # a resumed engine that gets weights again
+        engine.load_weights(weights)
+
+
+@pytest.mark.parametrize("shard", [None, "20KB"])
+def test_a_model_memory_mapped_from_a_folder_is_released(tmp_path, shard):
+    save = {"max_shard_size": shard} if shard else {}
+    model = reloaded(tiny_model(seed=0), tmp_path, **save)
+    files = len(list(tmp_path.glob("*.safetensors")))
+    assert files > 1 if shard else files == 1
+    assert not model.lm_head.weight.untyped_storage().resizable()  # what crashed mode=sync
+    engine = TransformersEngine(model, build_char_tokenizer())
+    released_and_resumed_twice(engine)
+    assert model.lm_head.weight is model.model.embed_tokens.weight  # still tied
+
+
+def test_weights_sharing_one_storage_are_released_and_stay_shared():
+    model = on_one_borrowed_buffer(tiny_model(seed=0))
+    assert len({t.untyped_storage().data_ptr() for t in model.parameters()}) == 1
+    engine = TransformersEngine(model, build_char_tokenizer())
+    released_and_resumed_twice(engine)
+    assert len({t.untyped_storage().data_ptr() for t in model.parameters()}) == 1
+    model.model.embed_tokens.weight.data[0, 0] = 7.0
+    assert model.lm_head.weight[0, 0] == 7.0
+
+
 class TrainerSide:
     """Stands in for the weight receiver: while the rollout waits, the trainer trains (the
     engine's memory is measured then), then its new weights arrive."""

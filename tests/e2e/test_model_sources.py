@@ -1,0 +1,80 @@
+"""Every way a model arrives trains in every mode: built in, or a user's folder.
+
+The matrix is ``mode`` (sync, hybrid, async) x model source: the built-in model (built from
+config), a folder written by the installed transformers 4, a folder in transformers 5's
+layout (``tokenizer_class: TokenizersBackend``) and a folder of several safetensors shards.
+A folder's weights are memory-mapped from its files, which torch cannot resize: ``mode=sync``
+releases the engine's memory after every batch and used to crash there, restart, and crash
+again. Each cell is ``submit`` with ``cluster=local`` for three steps of 2x2 samples: the
+rollout releases its memory (sync), takes new weights from the trainer while released,
+generates with them and releases again; in every mode the last batch comes from trained
+weights (three steps: async may generate two batches ahead of them).
+"""
+
+from __future__ import annotations
+
+import pytest
+from conftest import write_transformers5_folder
+from e2e_helpers import failure_report, submit
+
+from relax_hpc.config.compose import compose_run_config
+from relax_hpc.models.build import build_causal_lm, build_tokenizer
+from relax_hpc.paths import RunPaths, read_json
+
+THREE_SMALL_STEPS = (
+    "model.warm_start=false",
+    "trainer.total_steps=3",
+    "rollout.prompts_per_step=2",
+    "rollout.n_samples_per_prompt=2",
+    "rollout.eval_interval_steps=0",
+    "data.eval_size=2",
+)
+MODES = {"sync": 0, "hybrid": 0, "async": 1}  # mode -> max_staleness
+# Events of a rollout that crashed and was restarted, or of an engine the trainer gave up on.
+FAULTS = ("component_restarted", "weightsync_peer_dropped")
+
+
+def save_folder(folder, **save) -> None:
+    """grpo_tiny's model and tokenizer as ``save_pretrained`` writes them (transformers 4)."""
+    tiny = compose_run_config(["+experiment=grpo_tiny"]).model
+    tokenizer = build_tokenizer(tiny)
+    build_causal_lm(tiny, tokenizer, seed=3).save_pretrained(folder, **save)
+    tokenizer.save_pretrained(folder)
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory) -> dict[str, object]:
+    """Model source -> its folder (None: the built-in model)."""
+    root = tmp_path_factory.mktemp("model-sources")
+    save_folder(root / "transformers4")
+    save_folder(root / "sharded", max_shard_size="100KB")
+    assert len(list((root / "sharded").glob("model-*-of-*.safetensors"))) > 1
+    (root / "transformers5").mkdir()
+    write_transformers5_folder(root / "transformers5")
+    return {
+        "built_in": None,
+        "transformers4": root / "transformers4",
+        "transformers5": root / "transformers5",
+        "sharded": root / "sharded",
+    }
+
+
+def model_overrides(folder) -> list[str]:
+    return [] if folder is None else [f"model.path={folder}", f"model.tokenizer={folder}"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("source", ["built_in", "transformers4", "transformers5", "sharded"])
+@pytest.mark.parametrize("mode", list(MODES))
+def test_the_model_trains_in_the_mode(mode, source, folders, tmp_path):
+    run_dir = tmp_path / "run"
+    overrides = (f"mode={mode}", f"max_staleness={MODES[mode]}", *THREE_SMALL_STEPS)
+    result = submit(run_dir, *overrides, *model_overrides(folders[source]), timeout_s=300)
+    assert result.returncode == 0, failure_report(result, run_dir)
+    paths = RunPaths(run_dir)
+    assert read_json(paths.trainer_done)["step"] == 3
+    faults = [p.name for p in paths.events_dir.glob("*.json") if any(f in p.name for f in FAULTS)]
+    assert not faults, failure_report(result, run_dir)
+    rollout = read_json(paths.rollout_status(0))
+    assert rollout["policy_version"] >= 1  # the trainer's weights reached the engine
+    assert ("time/release_memory_s" in rollout["metrics"]) is (mode == "sync")
