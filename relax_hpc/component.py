@@ -27,9 +27,8 @@ import sys
 import time
 
 from relax_hpc import exitcodes
-from relax_hpc.launch.keeper import KEPT_VAR
 from relax_hpc.paths import RunPaths, atomic_write_json, is_disk_full
-from relax_hpc.runtime import TaskIdentity, stop_when_orphaned
+from relax_hpc.runtime import KEPT_VAR, TaskIdentity, stop_when_orphaned
 
 ROLES = ("trainer", "rollout", "judge")  # judge: judge.placement=component
 POOL_NAME = re.compile(r"^x[A-Za-z0-9_]{1,31}$")  # extra rollout pools: relax_hpc.scale
@@ -155,9 +154,11 @@ def start_and_run(role: str, paths: RunPaths, identity: TaskIdentity) -> int:
 def keep_rollout(paths: RunPaths, identity: TaskIdentity, argv: list[str]) -> int:
     """A rollout task is a keeper that runs the worker and restarts it in place when it
     crashes or hangs (``launch/keeper.py``); the worker is this command run again."""
-    from relax_hpc.config import ConfigError
-    from relax_hpc.launch.keeper import keep_rollout_task
-
+    try:  # the keeper reads the run's config: an interpreter without the dependencies fails here
+        from relax_hpc.config import ConfigError
+        from relax_hpc.launch.keeper import keep_rollout_task
+    except ImportError as err:
+        return import_error(paths, "rollout", err)
     try:
         return keep_rollout_task(paths, identity, argv)
     except ConfigError as err:

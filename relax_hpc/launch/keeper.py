@@ -37,9 +37,8 @@ from relax_hpc import exitcodes
 from relax_hpc.observe.events import emit_event
 from relax_hpc.paths import RunPaths, atomic_write_json, read_json
 from relax_hpc.rollout.assignment import heartbeat_path, worker_name
-from relax_hpc.runtime import SUPERVISOR_PID_VAR, TaskIdentity
+from relax_hpc.runtime import KEPT_VAR, SUPERVISOR_PID_VAR, TaskIdentity
 
-KEPT_VAR = "RELAX_HPC_KEPT"  # set for the worker the keeper runs: it runs the role itself
 FINAL_EXITS = (exitcodes.DONE, exitcodes.STOPPED, exitcodes.CONFIG_ERROR)
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
 
