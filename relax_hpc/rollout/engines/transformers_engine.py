@@ -295,7 +295,10 @@ def _own_storages(module: torch.nn.Module) -> None:
             storage = tensor.untyped_storage()
             if storage.resizable() or not storage.nbytes():
                 continue
-            own = copies.setdefault(storage.data_ptr(), storage.clone())
+            key = storage.data_ptr()
+            if key not in copies:  # once per storage: a folder's tensors may share one file map
+                copies[key] = storage.clone()
+            own = copies[key]
             tensor.set_(own, tensor.storage_offset(), tensor.size(), tensor.stride())
 
 
