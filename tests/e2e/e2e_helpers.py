@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -106,3 +107,45 @@ def run_task_pids(run_dir) -> list[int]:
     pattern = f"relax_hpc.component (trainer|rollout) --run-dir {run_dir}"
     found = subprocess.run(["pgrep", "-f", pattern], capture_output=True, text=True, timeout=30)
     return [int(pid) for pid in found.stdout.split()]
+
+
+def sigkill_trainer_then_resume(
+    run_dir: Path,
+    overrides: list[str],
+    *,
+    experiment: str = "grpo_tiny",
+    kill_at_step: int = 4,
+    resume_overrides: list[str] | None = None,
+) -> subprocess.CompletedProcess:
+    """Run ``submit``, SIGKILL the trainer once it reached ``kill_at_step`` (no warning, no
+    final checkpoint), then ``submit ... resume=auto`` (with ``resume_overrides``, default
+    the same overrides): the second submit's result."""
+    paths = RunPaths(run_dir)
+    first = subprocess.Popen(
+        submit_command(run_dir, *overrides, experiment=experiment),
+        cwd=REPO,
+        env=submit_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    wait_for_step(paths.trainer_status, kill_at_step, first, timeout_s=600)
+    os.kill(read_json(paths.rendezvous_dir / "trainer.json")["pid"], signal.SIGKILL)
+    _, stderr = first.communicate(timeout=300)
+    assert first.returncode != 0 and "trainer[0] exited with -9" in stderr
+    again = overrides if resume_overrides is None else resume_overrides
+    return submit(run_dir, *again, "resume=auto", experiment=experiment, timeout_s=600)
+
+
+def trained_and_published(paths: RunPaths) -> tuple[list[list[str]], list]:
+    """Sample ids trained per step, and every sample of the consumed shards."""
+    from relax_hpc.spool import read_shard
+
+    trained = read_json(paths.consumed_sample_ids)
+    samples = [
+        sample
+        for shard in (paths.spool_dir / "consumed").iterdir()
+        for group in read_shard(shard)[1]
+        for sample in group
+    ]
+    return trained, samples

@@ -9,25 +9,20 @@ from __future__ import annotations
 
 import io
 import json
-import os
-import signal
-import subprocess
 
 import numpy as np
 import pytest
 import soundfile
 from e2e_helpers import (
-    REPO,
     failure_report,
     scalars,
+    sigkill_trainer_then_resume,
     submit,
-    submit_command,
-    submit_env,
-    wait_for_step,
+    trained_and_published,
 )
 
 from relax_hpc.paths import RunPaths, read_json
-from relax_hpc.spool import check_exactly_once, read_shard
+from relax_hpc.spool import check_exactly_once
 
 pytestmark = pytest.mark.slow
 
@@ -74,18 +69,6 @@ def write_audio_rows(folder, num_rows: int):
     return path
 
 
-def trained_and_published(paths: RunPaths) -> tuple[list[list[str]], list]:
-    """Sample ids trained per step, and every sample of the consumed shards."""
-    trained = read_json(paths.consumed_sample_ids)
-    samples = [
-        sample
-        for shard in (paths.spool_dir / "consumed").iterdir()
-        for group in read_shard(shard)[1]
-        for sample in group
-    ]
-    return trained, samples
-
-
 def test_audio_rows_with_a_truncated_wav_train_and_count_the_row(tmp_path):
     data = write_audio_rows(tmp_path / "data", num_rows=10)
     run_dir, paths = tmp_path / "run", RunPaths(tmp_path / "run")
@@ -120,20 +103,7 @@ def test_a_sigkilled_trainer_resumes_and_trains_every_audio_sample_once(tmp_path
         "trainer.checkpoint_interval_steps=3",
         "cluster.max_restarts=0",
     ]
-    first = subprocess.Popen(
-        submit_command(run_dir, *overrides, experiment=OMNI),
-        cwd=REPO,
-        env=submit_env(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    wait_for_step(paths.trainer_status, 4, first, timeout_s=600)
-    os.kill(read_json(paths.rendezvous_dir / "trainer.json")["pid"], signal.SIGKILL)
-    _, stderr = first.communicate(timeout=300)
-    assert first.returncode != 0 and "trainer[0] exited with -9" in stderr
-
-    second = submit(run_dir, *overrides, "resume=auto", experiment=OMNI, timeout_s=600)
+    second = sigkill_trainer_then_resume(run_dir, overrides, experiment=OMNI)
     assert second.returncode == 0, failure_report(second, run_dir)
     log = paths.task_log("trainer", 0).read_text()
     assert "resumed from" in log and "step 3)" in log and "step 6/6" in log

@@ -8,27 +8,22 @@ exactly once. The model is the tiny Qwen3-VL of ``grpo_tiny_vl``.
 from __future__ import annotations
 
 import io
-import os
-import signal
-import subprocess
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from e2e_helpers import (
-    REPO,
     failure_report,
     scalars,
+    sigkill_trainer_then_resume,
     submit,
-    submit_command,
-    submit_env,
-    wait_for_step,
+    trained_and_published,
 )
 from PIL import Image
 
 from relax_hpc.paths import RunPaths, read_json
-from relax_hpc.spool import check_exactly_once, read_shard
+from relax_hpc.spool import check_exactly_once
 
 pytestmark = pytest.mark.slow
 
@@ -71,18 +66,6 @@ def write_geometry3k(path, num_rows: int) -> None:
     pq.write_table(pa.Table.from_pylist(rows, schema=types), path)
 
 
-def trained_and_published(paths: RunPaths) -> tuple[list[list[str]], list]:
-    """Sample ids trained per step, and every sample of the consumed shards."""
-    trained = read_json(paths.consumed_sample_ids)
-    samples = [
-        sample
-        for shard in (paths.spool_dir / "consumed").iterdir()
-        for group in read_shard(shard)[1]
-        for sample in group
-    ]
-    return trained, samples
-
-
 def test_a_geometry3k_parquet_with_a_corrupt_image_trains_and_counts_the_row(tmp_path):
     data = tmp_path / "geo3k.parquet"
     write_geometry3k(data, num_rows=10)
@@ -118,20 +101,7 @@ def test_a_sigkilled_trainer_resumes_and_trains_every_image_sample_once(tmp_path
         "trainer.checkpoint_interval_steps=3",
         "cluster.max_restarts=0",
     ]
-    first = subprocess.Popen(
-        submit_command(run_dir, *overrides, experiment=VL),
-        cwd=REPO,
-        env=submit_env(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    wait_for_step(paths.trainer_status, 4, first, timeout_s=600)
-    os.kill(read_json(paths.rendezvous_dir / "trainer.json")["pid"], signal.SIGKILL)
-    _, stderr = first.communicate(timeout=300)
-    assert first.returncode != 0 and "trainer[0] exited with -9" in stderr
-
-    second = submit(run_dir, *overrides, "resume=auto", experiment=VL, timeout_s=600)
+    second = sigkill_trainer_then_resume(run_dir, overrides, experiment=VL)
     assert second.returncode == 0, failure_report(second, run_dir)
     log = paths.task_log("trainer", 0).read_text()
     assert "resumed from" in log and "step 3)" in log and "step 6/6" in log

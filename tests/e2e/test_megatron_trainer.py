@@ -9,17 +9,13 @@ sample exactly once; the export loads with ``transformers``.
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
-
 import pytest
 import torch
-from e2e_helpers import REPO, failure_report, submit, submit_command, submit_env, wait_for_step
+from e2e_helpers import failure_report, sigkill_trainer_then_resume, trained_and_published
 from transformers import AutoModelForCausalLM
 
 from relax_hpc.paths import RunPaths, read_json
-from relax_hpc.spool import check_exactly_once, read_shard
+from relax_hpc.spool import check_exactly_once
 
 MEGATRON = [
     "trainer.backend=megatron",
@@ -38,31 +34,13 @@ MEGATRON = [
 @pytest.mark.slow
 def test_a_sigkilled_megatron_trainer_resumes_and_exports(tmp_path):
     run_dir, paths = tmp_path / "run", RunPaths(tmp_path / "run")
-    first = subprocess.Popen(
-        submit_command(run_dir, *MEGATRON),
-        cwd=REPO,
-        env=submit_env(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    wait_for_step(paths.trainer_status, 4, first, timeout_s=600)
-    os.kill(read_json(paths.rendezvous_dir / "trainer.json")["pid"], signal.SIGKILL)
-    _, stderr = first.communicate(timeout=300)
-    assert first.returncode != 0 and "trainer[0] exited with -9" in stderr
-
-    second = submit(run_dir, "resume=auto", timeout_s=600)
+    second = sigkill_trainer_then_resume(run_dir, MEGATRON, resume_overrides=[])
     assert second.returncode == 0, failure_report(second, run_dir)
     log = paths.task_log("trainer", 0).read_text()
     assert "resumed from" in log and "step 3)" in log and "step 6/6" in log
-    trained = read_json(paths.consumed_sample_ids)
+    trained, samples = trained_and_published(paths)
     assert len(trained) == 6
-    published = {
-        sample.sample_id
-        for shard in (paths.spool_dir / "consumed").iterdir()
-        for group in read_shard(shard)[1]
-        for sample in group
-    }
+    published = {sample.sample_id for sample in samples}
     assert not check_exactly_once(published | {s for step in trained for s in step}, trained)
 
     export = read_json(paths.trainer_done)["export_dir"]
