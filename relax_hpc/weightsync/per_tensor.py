@@ -250,25 +250,22 @@ class PerTensorSender(WeightSender):
         self._group_plan = _GroupPlan(generation, group, store)
         return self._group_plan
 
-    def _group_for(
+    def _new_group(
         self, generation: int, members: list[str], should_abort: AbortCheck
     ) -> PeerGroup:
-        if self._group is None:
-            plan = self._group_plan
-            assert plan is not None and plan.generation == generation
-            self._group = SGLangGroupRoot(
-                plan.store,
-                plan.group["group_name"],
-                generation,
-                plan.group["world_size"],
-                self.backend,
-                self.device,
-                self.config.timeout_s,
-                should_abort,
-            )
-            self._group_members = list(members)
-        assert self._group.generation == generation
-        return self._group
+        """Rank 0 of the SGLang engines' group, over the store its plan opened."""
+        plan = self._group_plan
+        assert plan is not None and plan.generation == generation
+        return SGLangGroupRoot(
+            plan.store,
+            plan.group["group_name"],
+            generation,
+            plan.group["world_size"],
+            self.backend,
+            self.device,
+            self.config.timeout_s,
+            should_abort,
+        )
 
     def _broadcast(
         self,

@@ -39,20 +39,19 @@ What the token does and does not protect:
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 import json
 import secrets
 import socket
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
-from relax_hpc.paths import RunPaths, atomic_write_json, read_json
+from relax_hpc.address_files import publish_record, read_records
+from relax_hpc.paths import RunPaths, read_json
+from relax_hpc.signing import hmac_hex, hmac_matches
 from relax_hpc.weightsync.errors import WeightSyncTimeout
 from relax_hpc.weightsync.protocol import canonical_bytes
 
-PRIVATE_MODE = 0o600
 TRAINER_FILE = "trainer.json"
 ENGINES_DIR = "engines"
 
@@ -95,11 +94,11 @@ def default_host() -> str:
 
 
 def sign(token: str, message: bytes) -> str:
-    return hmac.new(token.encode("ascii"), message, hashlib.sha256).hexdigest()
+    return hmac_hex(token, message)
 
 
 def verify_signature(token: str, message: bytes, signature: str) -> bool:
-    return hmac.compare_digest(sign(token, message), signature)
+    return hmac_matches(token, message, signature)
 
 
 def hello_proof(token: str, member_id: str) -> str:
@@ -145,8 +144,7 @@ def existing_token(paths: RunPaths) -> str | None:
 
 
 def publish_trainer_endpoint(paths: RunPaths, endpoint: TrainerEndpoint) -> Path:
-    paths.rendezvous_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-    return atomic_write_json(trainer_file(paths), asdict(endpoint), mode=PRIVATE_MODE)
+    return publish_record(trainer_file(paths), endpoint)
 
 
 def read_trainer_endpoint(paths: RunPaths) -> TrainerEndpoint | None:
@@ -179,8 +177,7 @@ def registration_path(paths: RunPaths, registration: EngineRegistration) -> Path
 
 
 def register_engine(paths: RunPaths, registration: EngineRegistration) -> Path:
-    path = registration_path(paths, registration)
-    return atomic_write_json(path, asdict(registration), mode=PRIVATE_MODE)
+    return publish_record(registration_path(paths, registration), registration)
 
 
 def deregister_engine(paths: RunPaths, registration: EngineRegistration) -> None:
@@ -190,15 +187,9 @@ def deregister_engine(paths: RunPaths, registration: EngineRegistration) -> None
 
 def list_engine_registrations(paths: RunPaths) -> list[EngineRegistration]:
     """Current registration files, sorted by engine id; unreadable files are skipped."""
-    folder = engines_dir(paths)
-    if not folder.is_dir():
-        return []
-    registrations = []
-    for path in sorted(folder.glob("*.json")):
-        try:
-            registration = EngineRegistration(**read_json(path))
-        except (FileNotFoundError, json.JSONDecodeError, TypeError):
-            continue  # deleted while listing, or not a registration
-        if path.name == f"{registration.member_id}.json":  # a file under another's name: no
-            registrations.append(registration)
+    registrations = [
+        registration
+        for path, registration in read_records(engines_dir(paths), EngineRegistration)
+        if path.name == f"{registration.member_id}.json"  # a file under another's name: no
+    ]
     return sorted(registrations, key=lambda reg: (reg.engine_id, reg.incarnation))

@@ -488,20 +488,27 @@ class WeightSender:
     def _group_for(
         self, generation: int, members: list[str], should_abort: AbortCheck
     ) -> PeerGroup:
+        """The group of ``generation`` with ``members``, formed on first use."""
         if self._group is None:
-            self._group = PeerGroup(
-                self._connect_store,
-                generation,
-                0,
-                len(members) + 1,
-                self.backend,
-                self.device,
-                self.config.timeout_s,
-                should_abort,
-            )
+            self._group = self._new_group(generation, members, should_abort)
             self._group_members = list(members)
         assert self._group.generation == generation
         return self._group
+
+    def _new_group(
+        self, generation: int, members: list[str], should_abort: AbortCheck
+    ) -> PeerGroup:
+        """This sender's kind of group: rank 0 of a group over the trainer's own store."""
+        return PeerGroup(
+            self._connect_store,
+            generation,
+            0,
+            len(members) + 1,
+            self.backend,
+            self.device,
+            self.config.timeout_s,
+            should_abort,
+        )
 
     def _connect_store(self):
         """A new client of the trainer's own store, for a group forming on another thread."""

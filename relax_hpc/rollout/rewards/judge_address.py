@@ -12,16 +12,14 @@ Must not: do network I/O.
 
 from __future__ import annotations
 
-import json
 import os
 import secrets
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
-from relax_hpc.paths import RunPaths, atomic_write_json, read_json
+from relax_hpc.address_files import PRIVATE_DIR_MODE, publish_record, read_record, read_records
+from relax_hpc.paths import RunPaths
 from relax_hpc.rollout.rewards.protocol import SCORE_PATH
-
-PRIVATE_MODE = 0o600
 
 
 @dataclass(frozen=True)
@@ -47,33 +45,19 @@ def new_judge_address(host: str, port: int, attempt: str = "", rank: int = 0) ->
 
 
 def publish_judge_address(paths: RunPaths, address: JudgeAddress) -> Path:
-    paths.rendezvous_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-    paths.judge_rendezvous_dir.mkdir(mode=0o700, exist_ok=True)
-    return atomic_write_json(
-        paths.judge_address_file(address.rank), asdict(address), mode=PRIVATE_MODE
-    )
+    paths.rendezvous_dir.mkdir(mode=PRIVATE_DIR_MODE, parents=True, exist_ok=True)
+    return publish_record(paths.judge_address_file(address.rank), address)
 
 
 def withdraw_judge_address(paths: RunPaths, address: JudgeAddress) -> None:
     """Delete this server's file, unless a newer start of the same rank replaced it."""
     path = paths.judge_address_file(address.rank)
-    try:
-        current = JudgeAddress(**read_json(path))
-    except (FileNotFoundError, json.JSONDecodeError, TypeError):
-        return
-    if current.instance == address.instance:
+    current = read_record(path, JudgeAddress)
+    if current is not None and current.instance == address.instance:
         path.unlink(missing_ok=True)
 
 
 def read_judge_addresses(paths: RunPaths) -> list[JudgeAddress]:
     """The servers that said they are up, by rank; unreadable files are skipped."""
-    folder = paths.judge_rendezvous_dir
-    if not folder.is_dir():
-        return []
-    found = []
-    for path in sorted(folder.glob("*.json")):
-        try:
-            found.append(JudgeAddress(**read_json(path)))
-        except (FileNotFoundError, json.JSONDecodeError, TypeError):
-            continue  # being replaced right now
+    found = [address for _, address in read_records(paths.judge_rendezvous_dir, JudgeAddress)]
     return sorted(found, key=lambda address: address.rank)

@@ -27,8 +27,6 @@ Must not: do I/O; this module only encodes, decodes, signs and checks.
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 import json
 import math
 from collections.abc import Sequence
@@ -36,6 +34,7 @@ from typing import Any
 
 from relax_hpc.rollout.rewards.result import RewardResult, failed
 from relax_hpc.rollout.rewards.scorer import ScoreItem
+from relax_hpc.signing import hmac_hex, hmac_matches
 
 PROTOCOL = "relax_hpc.reward/1"
 SCORE_PATH = "/v1/score"
@@ -133,8 +132,10 @@ def _load(body: bytes, what: str) -> dict[str, Any]:
 
 
 def sign_body(token: str, body: bytes) -> str:
-    return SIGNATURE_PREFIX + hmac.new(token.encode(), body, hashlib.sha256).hexdigest()
+    return SIGNATURE_PREFIX + hmac_hex(token, body)
 
 
 def signature_valid(token: str, body: bytes, header: str | None) -> bool:
-    return header is not None and hmac.compare_digest(sign_body(token, body), header)
+    if header is None or not header.startswith(SIGNATURE_PREFIX):
+        return False
+    return hmac_matches(token, body, header.removeprefix(SIGNATURE_PREFIX))
