@@ -92,6 +92,23 @@ def reward_part_fields(cfg: RunConfig) -> dict[str, str]:
     return fields
 
 
+def _policy_tokenizer(model_cfg):
+    """The tokenizer that renders the policy's chat: a media model's is its processor's."""
+    from relax_hpc.models.media_policy import is_media_model
+
+    if not is_media_model(model_cfg):
+        from relax_hpc.models.build import build_tokenizer
+
+        return build_tokenizer(model_cfg)
+    from relax_hpc.media.processor import MediaProcessor
+    from relax_hpc.models.media_policy import media_family
+    from relax_hpc.models.multimodal import tiny_processor
+
+    if model_cfg.path is None:
+        return tiny_processor(media_family(model_cfg.architecture)).tokenizer
+    return MediaProcessor.from_pretrained(model_cfg.path).tokenizer
+
+
 def resolve_environment_name(cfg: RunConfig, check_paths: bool) -> None:
     """``rollout.environment`` imports and takes its options; with ``check_paths``, the
     policy's tokenizer can render observations and the Python tool can drop its network."""
@@ -110,9 +127,7 @@ def resolve_environment_name(cfg: RunConfig, check_paths: bool) -> None:
         raise ConfigError(field, text) from None
     if not check_paths:
         return
-    from relax_hpc.models.build import build_tokenizer
-
-    if build_tokenizer(cfg.model).chat_template is None:
+    if _policy_tokenizer(cfg.model).chat_template is None:
         raise ConfigError(
             "rollout.environment",
             f"{spec} renders observations with the tokenizer's chat template and "

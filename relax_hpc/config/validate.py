@@ -466,12 +466,11 @@ def _check_media_data(cfg: RunConfig) -> None:
                 f"data.{name}", f"must be > 0 (a limit per media item), got {getattr(data, name)}"
             )
     text_only = cfg.model.modality == "text"
-    if cfg.rollout.environment and not text_only:
+    if cfg.rollout.environment and cfg.model.modality not in ("text", "vision"):
         raise ConfigError(
             "rollout.environment",
-            "multi-turn episodes of a vision model carry images across turns in the episode "
-            "driver, but no run of one through submit is tested yet (issue #28 deliver 6); "
-            "run vision models single-turn (rollout.environment=null)",
+            f"multi-turn episodes carry text and images, not a {cfg.model.modality} model's "
+            "audio; run it single-turn (rollout.environment=null)",
         )
     if data.blank_media and text_only:
         raise ConfigError(

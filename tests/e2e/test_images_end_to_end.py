@@ -112,3 +112,28 @@ def test_a_sigkilled_trainer_resumes_and_trains_every_image_sample_once(tmp_path
     trained_ids = {s for step in trained for s in step}
     with_images = {s.sample_id for s in samples if s.media is not None and s.media.images}
     assert trained_ids <= published and trained_ids <= with_images
+
+
+def test_a_multi_turn_image_episode_runs_through_submit(tmp_path):
+    """``brighter`` shows image A, then image B, then asks which was brighter: each trained
+    sample holds both images (the first turn's reaches the second turn's prompt), its
+    observation tokens carry no loss, and every sample is trained once."""
+    run_dir, paths = tmp_path / "run", RunPaths(tmp_path / "run")
+    result = submit(
+        run_dir,
+        *SMALL,
+        "rollout.environment=brighter",
+        "trainer.total_steps=2",
+        experiment=VL,
+        timeout_s=600,
+    )
+    assert result.returncode == 0, failure_report(result, run_dir)
+    trained, samples = trained_and_published(paths)
+    assert len(trained) == 2 and all(len(step) == 4 * 2 for step in trained)
+    published = {sample.sample_id for sample in samples}
+    assert not check_exactly_once(published | {s for step in trained for s in step}, trained)
+    for sample in samples:
+        assert sample.num_turns == 2
+        first, second = sample.media.images
+        assert first.std() == 0 and second.std() == 0 and first.mean() != second.mean()
+        assert 0 < sample.loss_mask.sum() < len(sample.loss_mask)  # observations masked out

@@ -139,6 +139,11 @@ BAD_CONFIGS = [
         id="judge-beside-an-environment",
     ),
     pytest.param(
+        ["+experiment=grpo_tiny_omni", "dry_run=true", "rollout.environment=brighter"],
+        "rollout.environment",
+        id="multi-turn-audio",
+    ),
+    pytest.param(
         TINY + ["data.kind=guess_number", "data.guess_range=[5,5]"],
         "data.guess_range",
         id="empty-guess-range",
