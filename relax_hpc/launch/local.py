@@ -4,7 +4,12 @@ The supervisor mirrors the sbatch script: one process per task, output to the sa
 per-task log files, Ctrl-C / SIGTERM forwarded so that the trainer checkpoints, the other
 role stopped once one role ends, and a bounded number of automatic restarts when the
 trainer crashed. A rollout task is a keeper that restarts its own worker in place when it
-crashes or hangs, so the trainer keeps training (``launch/keeper.py``). How each start ends is ``launch/outcome.py``'s decision, as in the batch
+crashes or hangs, so the trainer keeps training (``launch/keeper.py``). A trainer that
+crashed while every other task runs is restarted alone from its last complete checkpoint:
+the rollout workers keep their processes, engines and models, and rejoin the new trainer
+start's weight sync (``weightsync/receiver.py``); the spool's ledger, restored from the
+checkpoint, hands out again what the crashed start consumed after it, so every sample is
+trained once. How each start ends is ``launch/outcome.py``'s decision, as in the batch
 script; here a signal to the supervisor is the user's stop request (no requeue). The run
 watcher (alerts, cost ledger) runs as a thread of this supervisor, never of a task.
 """
@@ -42,6 +47,7 @@ class Task:
     role: str
     rank: int
     process: subprocess.Popen
+    restart: int = 0  # the start of the job this task was started by
 
     @property
     def exit_code(self) -> int | None:
@@ -80,18 +86,24 @@ class LocalExecutor:
         while True:
             self.paths.config_error.unlink(missing_ok=True)  # each start finds its own
             self.watch.start(restart_count)
-            trainer_rc = self._run_once(restart_count)
+            trainer_rc, alone = self._run_once(restart_count)
             self.watch.stop()
             self.end = self._decide(trainer_rc, restart_count)
             self.watch.end(self.end.outcome, self.end.detail)
             if not self.end.requeue:
+                if alone:  # the others were left running for a restart that is not coming
+                    self._stop_all(signal.SIGTERM)
                 if self.end.outcome == "failed":
                     print(f"relax_hpc: {self.end.detail}", file=sys.stderr)
                 return self.end.exit_code
+            if alone and not self._others_running():
+                self._stop_all(signal.SIGTERM)  # one of them ended meanwhile: all start again
+                alone = False
             restart_count += 1
+            which = "the trainer alone (the rollout workers keep running)" if alone else "all"
             print(
                 f"relax_hpc: {self.end.detail}; restart {restart_count} of "
-                f"{self.plan.max_restarts} from the last complete checkpoint",
+                f"{self.plan.max_restarts} from the last complete checkpoint: {which}",
                 file=sys.stderr,
             )
 
@@ -111,15 +123,29 @@ class LocalExecutor:
             restarts=restart_count,
             max_restarts=self.plan.max_restarts,
             repeated_error=repeated_start_error(self.paths, restart_count),
-            component_failure=recorded_component_failure(self.paths, restart_count),
+            component_failure=self._component_failure(),
             disk_full=disk_full_detail(self.paths, restart_count),
         )
 
+    def _component_failure(self) -> str | None:
+        """A keeper's give-up recorded by any running start's rollout task (a task kept
+        across trainer restarts records the start it was started by)."""
+        for restart in sorted({task.restart for task in self.tasks}, reverse=True):
+            failure = recorded_component_failure(self.paths, restart)
+            if failure is not None:
+                return failure
+        return None
+
     # --- one attempt ---------------------------------------------------------------------------
-    def _run_once(self, restart_count: int) -> int:
-        self.tasks = [
+    def _run_once(self, restart_count: int) -> tuple[int, bool]:
+        """Start every task not running, wait for the first exit that ends this start; the
+        trainer's exit code, and whether the other roles were left running because only
+        the trainer crashed (it may then be restarted alone)."""
+        kept = [task for task in self.tasks if task.exit_code is None]
+        self.tasks = kept + [
             self._start(role, rank, restart_count)
             for role in self.plan.roles
+            if role.role not in {task.role for task in kept}
             for rank in range(role.num_tasks)
         ]
         first = self._wait_for_first_exit()
@@ -127,8 +153,34 @@ class LocalExecutor:
             self._report_crash(first)
         elif first.exit_code == exitcodes.DONE:
             self._wait_for_role(first.role)  # like an srun step: it ends when all its tasks end
+        if self._trainer_crashed_alone(first):
+            # its other ranks wait in collectives with the dead one: no clean stop is possible
+            self._kill_role("trainer")
+            return self._exit_code_of("trainer"), True
         self._stop_all(signal.SIGTERM)
-        return self._exit_code_of("trainer")
+        return self._exit_code_of("trainer"), False
+
+    def _trainer_crashed_alone(self, first: Task) -> bool:
+        """The trainer crashed (no stop, no config error) while every other role runs."""
+        crashed = first.exit_code not in (exitcodes.DONE, exitcodes.STOPPED, exitcodes.CONFIG_ERROR)
+        return (
+            first.role == "trainer"
+            and crashed
+            and not self.interrupted
+            and not self.paths.cancel_request.exists()
+            and self._others_running()
+        )
+
+    def _others_running(self) -> bool:
+        others = [task for task in self.tasks if task.role != "trainer"]
+        return bool(others) and all(task.exit_code is None for task in others)
+
+    def _kill_role(self, role: str) -> None:
+        for task in self.tasks:
+            if task.role == role and task.exit_code is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(task.process.pid, signal.SIGKILL)
+                task.process.wait()
 
     def _start(self, role: RolePlan, rank: int, restart_count: int) -> Task:
         env = dict(self.base_env)
@@ -157,7 +209,7 @@ class LocalExecutor:
                 start_new_session=True,
                 pass_fds=self.keep_fds,
             )
-        return Task(role.role, rank, process)
+        return Task(role.role, rank, process, restart_count)
 
     def _wait_for_first_exit(self) -> Task:
         """The first task whose exit ends this start. A rollout worker that left with 0

@@ -43,7 +43,6 @@ from relax_hpc.weightsync import (
     PerTensorReceiver,
     WeightReceiver,
     WeightSyncError,
-    WeightSyncRefused,
 )
 from relax_hpc.weightsync.receiver import LoadFn
 
@@ -91,17 +90,11 @@ class EngineWeights:
         """
         while True:
             may_generate = self.receiver.ready_to_generate and not self._behind(min_version)
-            try:
-                update = self.receiver.poll_for_update(
-                    self.load, wait_s=0.0 if may_generate else POLL_S
-                )
-            except WeightSyncRefused:
-                raise  # a wrong token is not fixed by retrying
-            except (OSError, RuntimeError) as err:  # the trainer's store went away
-                if should_stop():
-                    return False  # it finished: nothing more to generate
-                # Launchers restart the whole job when the trainer dies; so does this step.
-                raise RuntimeError(f"rollout: lost the trainer's weight-sync store: {err}") from err
+            # A trainer that died and restarts is waited for and rejoined by the receiver:
+            # this process keeps its engine and weights (a wrong token raises).
+            update = self.receiver.poll_for_update(
+                self.load, wait_s=0.0 if may_generate else POLL_S
+            )
             if update is None and self._behind(min_version):
                 # Not admitted yet (the trainer admits at its next sync, which may need this
                 # very batch): the trainer's filesystem export breaks that circle.

@@ -14,6 +14,12 @@ watches the round's signed digest and gives up at once when the trainer aborted 
 round (another member died): it reports ``transport`` and is served by the retry round,
 never left waiting for a peer that is gone.
 
+A trainer that restarts: when the trainer's store stops answering (its process died), the
+receiver keeps its loaded weights and its version, forgets the group and its liveness
+connection, and at each later poll looks for the ``trainer.json`` of a new trainer start
+(another ``instance``); it then joins that one as a new member and is admitted and caught
+up by it like any joiner. The rollout process, its engine and its model stay as they are.
+
 Fail closed: a payload that fails verification (or a ``load_fn`` that raises) leaves the
 engine with ``ready_to_generate == False`` until a verified version arrives, by a later
 round or from ``weights/v{N}/``; the rollout loop must not generate meanwhile. A transport
@@ -57,6 +63,7 @@ log = logging.getLogger(__name__)
 
 LoadFn = Callable[[Mapping[str, torch.Tensor]], None]
 LIVENESS_RETRY_S = 5.0  # a failed liveness connection is tried again after this long
+REJOIN_RETRY_S = 0.5  # how often a receiver that lost its trainer looks for the next one
 
 
 @dataclass
@@ -117,6 +124,8 @@ class WeightReceiver:
         self._admitted = False
         self._liveness: socket.socket | None = None
         self._liveness_tried_s = -LIVENESS_RETRY_S
+        self._lost_instance: str | None = None  # the trainer start whose store went away
+        self._rejoin_tried_s = -REJOIN_RETRY_S
         self._last_round = 0
         self._group: PeerGroup | None = None
         self._staging: list[torch.Tensor] = []
@@ -141,13 +150,23 @@ class WeightReceiver:
         endpoint = rendezvous.wait_for_trainer_endpoint(
             self.paths, self.config.timeout_s, self.config.poll_s, self.attempt
         )
-        self._token = self._token_override or endpoint.token
         if load_fn is not None:
             self.load_latest_from_filesystem(load_fn)
+        self._connect(endpoint)
+
+    def _connect(self, endpoint: rendezvous.TrainerEndpoint) -> None:
+        """Open ``endpoint``'s store and register with that trainer start."""
+        self._token = self._token_override or endpoint.token
         self._store = open_store(endpoint.host, endpoint.port, False, self.config.timeout_s)
         self._endpoint = endpoint
+        self._liveness_tried_s = -LIVENESS_RETRY_S
         self._last_round = self._store.add("round", 0)  # rounds before joining are not ours
         self._register(endpoint.instance)
+
+    @property
+    def trainer_lost(self) -> bool:
+        """The trainer's store stopped answering and no new trainer start was found yet."""
+        return self._lost_instance is not None
 
     def close(self) -> None:
         self._unregister()
@@ -193,16 +212,21 @@ class WeightReceiver:
         """
         deadline = time.monotonic() + wait_s
         while True:
-            if self._check_admission():
-                current = self._store.add("round", 0)
-                if current > self._last_round:
-                    self._last_round = current
-                    update, retry_expected = self._attend(current, load_fn)
-                    if update is not None:
-                        return update
-                    if retry_expected:
-                        deadline = max(deadline, time.monotonic() + self.config.timeout_s)
-                    continue
+            try:
+                if self._reconnected() and self._check_admission():
+                    current = self._store.add("round", 0)
+                    if current > self._last_round:
+                        self._last_round = current
+                        update, retry_expected = self._attend(current, load_fn)
+                        if update is not None:
+                            return update
+                        if retry_expected:
+                            deadline = max(deadline, time.monotonic() + self.config.timeout_s)
+                        continue
+            except (RuntimeError, OSError) as error:
+                if self._store_answers():
+                    raise  # not the trainer's loss: a load_fn's or this engine's own error
+                self._lose_trainer(error)
             if self._fail_closed_reason is not None and self.config.fs_fallback:
                 update = self.load_latest_from_filesystem(load_fn)
                 if update is not None:
@@ -210,6 +234,49 @@ class WeightReceiver:
             if time.monotonic() >= deadline:
                 return None
             self._pause(min(self.config.poll_s, max(deadline - time.monotonic(), 0.0)))
+
+    # --- a trainer that restarts ------------------------------------------------------------
+    def _store_answers(self) -> bool:
+        try:
+            self._store.check(["round"])
+            return True
+        except (RuntimeError, OSError):
+            return False
+
+    def _lose_trainer(self, error: Exception) -> None:
+        """The trainer's store is gone: keep the weights, wait for its next start."""
+        self._lost_instance = self._endpoint.instance if self._endpoint else ""
+        log.warning("weightsync: engine %s lost the trainer (%s); keeping policy_version %s "
+                    "and waiting for the trainer's next start", self.engine_id,
+                    str(error).splitlines()[0][:200], self._version)  # fmt: skip
+        self._forget_group()
+        self._unregister()
+        self._store = None
+        self._admitted = False
+
+    def _reconnected(self) -> bool:
+        """True while connected; after a loss, joins a new trainer start once one published
+        its endpoint (looked for every ``REJOIN_RETRY_S``)."""
+        if self._lost_instance is None:
+            return True
+        now = time.monotonic()
+        if now - self._rejoin_tried_s < REJOIN_RETRY_S:
+            return False
+        self._rejoin_tried_s = now
+        endpoint = rendezvous.read_trainer_endpoint(self.paths)
+        if endpoint is None or endpoint.instance == self._lost_instance:
+            return False
+        try:
+            self._connect(endpoint)
+        except (RuntimeError, OSError) as error:  # that start died too: wait for the next
+            log.info("weightsync: trainer start %s not reachable: %s", endpoint.instance, error)
+            self._store = None
+            return False
+        log.info("weightsync: engine %s rejoined the trainer's new start %s (keeps "
+                 "policy_version %s until it sends one)", self.engine_id, endpoint.instance,
+                 self._version)  # fmt: skip
+        self._lost_instance = None
+        return True
 
     def nudge_trainer(self) -> None:
         """Wake the trainer now (it waits for samples or a message of this engine); a no-op

@@ -6,7 +6,8 @@ Layout of the rendezvous directory (created 0700 by ``RunPaths.create``):
   trainer's TCPStore, the per-run ``token`` (random, 256 bits; kept across requeues of the
   same run directory), ``instance`` (random per trainer start), ``pid``, ``attempt``
   (the job start it belongs to, e.g. ``<jobid>.<restart>``: engines of a requeued job wait
-  for their own start's file instead of dialling the dead address of the previous one) and
+  for their own start's file, or a later one's, instead of dialling the dead address of
+  the previous one) and
   ``liveness_port`` (see ``liveness``).
 - ``engines/<engine_id>.<incarnation>.json`` (mode 0600, one per engine process, written by
   it and deleted only by it): ``engine_id``, ``incarnation`` (random per join),
@@ -157,11 +158,13 @@ def read_trainer_endpoint(paths: RunPaths) -> TrainerEndpoint | None:
 def wait_for_trainer_endpoint(
     paths: RunPaths, timeout_s: float, poll_s: float, attempt: str = ""
 ) -> TrainerEndpoint:
-    """The trainer's endpoint; with ``attempt``, only the one published by that job start."""
+    """The trainer's endpoint; with ``attempt``, only one published by that job start or a
+    later start of the same job (the trainer restarted alone while this rollout task ran
+    on: ``launch/local.py``)."""
     deadline = time.monotonic() + timeout_s
     while True:
         endpoint = read_trainer_endpoint(paths)
-        if endpoint is not None and (not attempt or endpoint.attempt == attempt):
+        if endpoint is not None and (not attempt or same_or_later_start(endpoint.attempt, attempt)):
             return endpoint
         if time.monotonic() >= deadline:
             found = f" (found one of start {endpoint.attempt!r})" if endpoint else ""
@@ -170,6 +173,18 @@ def wait_for_trainer_endpoint(
                 f"after {timeout_s:.1f} s{found}"
             )
         time.sleep(poll_s)
+
+
+def same_or_later_start(found: str, wanted: str) -> bool:
+    """``found`` (``<job id>.<restart>``) is the start ``wanted`` or a later one of its job;
+    an earlier start's file names a trainer that is gone."""
+    if found == wanted:
+        return True
+    found_job, _, found_restart = found.rpartition(".")
+    wanted_job, _, wanted_restart = wanted.rpartition(".")
+    if not (found_restart.isdigit() and wanted_restart.isdigit()) or found_job != wanted_job:
+        return False
+    return int(found_restart) >= int(wanted_restart)
 
 
 def registration_path(paths: RunPaths, registration: EngineRegistration) -> Path:

@@ -19,7 +19,8 @@ TRAINER = textwrap.dedent(
     import os, pathlib, signal, sys, time
     run = pathlib.Path(sys.argv[1])
     restart = os.environ["RELAX_HPC_RESTART_COUNT"]
-    while not (run / f"rollout-ready-{restart}").exists():  # its SIGTERM handler is installed
+    # a rollout (of this start, or kept from an earlier one) installed its SIGTERM handler
+    while not list(run.glob("rollout-ready-*")):
         time.sleep(0.01)
     (run / f"trainer-start-{restart}").write_text(os.environ["RELAX_HPC_RANK"])
     print("trainer log line for attempt", restart, flush=True)
@@ -85,15 +86,19 @@ def test_a_finished_trainer_stops_the_rollout_cleanly(tmp_path):
     assert "attempt 0" in (tmp_path / "logs" / "trainer-0.log").read_text()
 
 
-def test_a_crashing_trainer_is_restarted_then_given_up(tmp_path, capsys):
+def test_a_crashing_trainer_is_restarted_alone_then_given_up(tmp_path, capsys):
     assert executor(tmp_path, "crash crash done").run() == 0
     assert {p.name for p in tmp_path.glob("trainer-start-*")} == {
         "trainer-start-0",
         "trainer-start-1",
         "trainer-start-2",
     }
+    # the rollout task was started once and kept running through both trainer restarts
+    assert [p.name for p in tmp_path.glob("rollout-ready-*")] == ["rollout-ready-0"]
+    assert (tmp_path / "rollout-stopped").exists()  # stopped cleanly at the end
     err = capsys.readouterr().err
     assert "trainer[0] exited with 13" in err and "trainer log line for attempt 0" in err
+    assert err.count("the trainer alone (the rollout workers keep running)") == 2
 
     other = tmp_path / "other"
     other.mkdir()
@@ -177,3 +182,30 @@ def test_a_start_failing_like_the_one_before_is_not_restarted_again(tmp_path, ca
     assert "restart 1 of 3" in err and "restart 2 of 3" not in err
     assert "rollout[0]: ValueError: /data/train.jsonl:2: not JSON" in err
     assert run.end is not None and run.end.outcome == "failed"
+
+
+# A rollout task whose keeper gives up once the trainer was restarted alone: it records the
+# failure under the start it was started by (0), as launch/keeper.py does.
+ROLLOUT_GIVES_UP_LATER = textwrap.dedent(
+    """
+    import json, os, pathlib, sys, time
+    run = pathlib.Path(sys.argv[1])
+    (run / f"rollout-ready-{os.environ['RELAX_HPC_RESTART_COUNT']}").write_text("")
+    while not (run / "trainer-start-1").exists():
+        time.sleep(0.01)
+    (run / "status").mkdir(exist_ok=True)
+    record = {"restart": 0, "detail": "rollout worker r0 exited with 1 after 3 restart(s)"}
+    (run / "status" / "component_failed.json").write_text(json.dumps(record))
+    sys.exit(1)
+    """
+)
+
+
+def test_a_kept_rollout_task_giving_up_fails_the_run_after_a_trainer_restart(tmp_path, capsys):
+    run = executor(tmp_path, "crash wait-for-signal wait-for-signal", max_restarts=3)
+    (tmp_path / "rollout.py").write_text(ROLLOUT_GIVES_UP_LATER)
+    assert run.run() == 1
+    assert run.end is not None and run.end.outcome == "failed"
+    assert run.end.detail == "rollout worker r0 exited with 1 after 3 restart(s)"
+    assert (tmp_path / "trainer-checkpointed").read_text() == "SIGTERM"  # stopped cleanly
+    assert "restart 2 of 3" not in capsys.readouterr().err

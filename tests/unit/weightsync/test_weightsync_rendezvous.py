@@ -45,6 +45,18 @@ def test_an_engine_waits_for_the_trainer_of_its_own_job_start(tmp_path):
     found = rendezvous.wait_for_trainer_endpoint(paths, timeout_s=1, poll_s=0.01, attempt="77.1")
     assert found.port == 2222
     assert rendezvous.wait_for_trainer_endpoint(paths, 1, 0.01) == new  # no attempt: any
+    # a rollout task kept across a restart of the trainer alone takes the later start's
+    assert rendezvous.wait_for_trainer_endpoint(paths, 1, 0.01, attempt="77.0") == new
+    with pytest.raises(rendezvous.WeightSyncTimeout):  # another job's, even a later one
+        rendezvous.wait_for_trainer_endpoint(paths, timeout_s=0.05, poll_s=0.01, attempt="78.0")
+
+
+def test_same_or_later_start():
+    assert rendezvous.same_or_later_start("local-9.3", "local-9.1")
+    assert rendezvous.same_or_later_start("12.10", "12.9")  # numbers, not strings
+    assert not rendezvous.same_or_later_start("12.0", "12.1")
+    assert not rendezvous.same_or_later_start("13.2", "12.1")
+    assert not rendezvous.same_or_later_start("x", "12.1")
 
 
 def test_engine_registration_is_private_and_only_its_owner_removes_it(tmp_path):
