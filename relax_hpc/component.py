@@ -28,7 +28,7 @@ import time
 
 from relax_hpc import exitcodes
 from relax_hpc.paths import RunPaths, atomic_write_json, is_disk_full
-from relax_hpc.runtime import KEPT_VAR, TaskIdentity, stop_when_orphaned
+from relax_hpc.runtime import KEPT_ROLES, KEPT_VAR, TaskIdentity, stop_when_orphaned
 
 ROLES = ("trainer", "rollout", "judge")  # judge: judge.placement=component
 POOL_NAME = re.compile(r"^x[A-Za-z0-9_]{1,31}$")  # extra rollout pools: relax_hpc.scale
@@ -109,8 +109,8 @@ def main(argv: list[str] | None = None) -> int:
     stop_when_orphaned()
     configure_logging(args.role, identity)
     paths = RunPaths(args.run_dir)
-    if args.role == "rollout" and KEPT_VAR not in os.environ:
-        return keep_rollout(paths, identity, argv)
+    if args.role in KEPT_ROLES and KEPT_VAR not in os.environ:
+        return keep(paths, args.role, identity, argv)
     if identity.pool is not None:  # an extra pool's worker: its keeper restarts it in place
         return start_and_run(args.role, paths, identity)
     with contextlib.suppress(OSError):  # an earlier start's record
@@ -151,18 +151,18 @@ def start_and_run(role: str, paths: RunPaths, identity: TaskIdentity) -> int:
         return config_error(paths, role, "spool", str(err))
 
 
-def keep_rollout(paths: RunPaths, identity: TaskIdentity, argv: list[str]) -> int:
-    """A rollout task is a keeper that runs the worker and restarts it in place when it
-    crashes or hangs (``launch/keeper.py``); the worker is this command run again."""
+def keep(paths: RunPaths, role: str, identity: TaskIdentity, argv: list[str]) -> int:
+    """A rollout or judge task is a keeper that runs the worker and restarts it in place
+    when it crashes or hangs (``launch/keeper.py``); the worker is this command run again."""
     try:  # the keeper reads the run's config: an interpreter without the dependencies fails here
         from relax_hpc.config import ConfigError
-        from relax_hpc.launch.keeper import keep_rollout_task
+        from relax_hpc.launch.keeper import keep_task
     except ImportError as err:
-        return import_error(paths, "rollout", err)
+        return import_error(paths, role, err)
     try:
-        return keep_rollout_task(paths, identity, argv)
+        return keep_task(paths, role, identity, argv)
     except ConfigError as err:
-        return config_error(paths, "rollout", err.field, err.message)
+        return config_error(paths, role, err.field, err.message)
 
 
 def prepare_start(role: str, paths: RunPaths):

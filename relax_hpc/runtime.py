@@ -62,9 +62,11 @@ class TaskIdentity:
 
 # Set by relax_hpc.launch.local: the supervisor whose death must stop this task.
 SUPERVISOR_PID_VAR = f"{LOCAL_PREFIX}SUPERVISOR_PID"
-# Set for the rollout worker that a rollout task's keeper runs (launch/keeper.py): that
-# process runs the role itself instead of keeping another.
+# Set for the rollout worker or judge server that its task's keeper runs
+# (launch/keeper.py): that process runs the role itself instead of keeping another.
 KEPT_VAR = f"{LOCAL_PREFIX}KEPT"
+# The roles whose task is a keeper: a crash or hang restarts them alone, in place.
+KEPT_ROLES = ("rollout", "judge")
 
 
 def stop_when_orphaned(

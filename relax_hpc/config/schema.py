@@ -189,6 +189,12 @@ class JudgeConfig:
     engine_tensor_parallel: int = 1
     engine_mem_fraction: float = 0.25  # sglang; beside the policy's engine it shares the GPU
     torch_threads: int = 1
+    # A judge server of its own (placement=component) that crashes, or hangs (its status
+    # older than hang_after_s), is restarted in place by its keeper at most max_restarts
+    # times, after a backoff doubling from restart_backoff_s; the rollout finds the new one.
+    max_restarts: int = 3
+    restart_backoff_s: float = 2.0
+    hang_after_s: float = 120.0
     # The rollout's client of a judge in its own component
     client: ClientConfig = field(default_factory=ClientConfig)
 

@@ -48,6 +48,15 @@ def check_judge(judge: JudgeConfig, cfg: RunConfig) -> None:
     for name in ("max_new_tokens", "batch_size", "nodes", "cpus_per_task", "torch_threads"):
         if getattr(judge, name) < 1:
             raise ConfigError(f"judge.{name}", f"must be >= 1, got {getattr(judge, name)}")
+    for name in ("max_restarts", "restart_backoff_s"):
+        if getattr(judge, name) < 0:
+            raise ConfigError(f"judge.{name}", f"must be >= 0, got {getattr(judge, name)}")
+    if not judge.hang_after_s > 0:
+        raise ConfigError(
+            "judge.hang_after_s",
+            f"must be > 0 seconds (how old the judge's status may be before its keeper "
+            f"restarts it), got {judge.hang_after_s}",
+        )
     try:
         judge.client.validate("judge.client")
     except ValueError as err:

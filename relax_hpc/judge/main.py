@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import time
 
 import torch
@@ -103,5 +104,11 @@ def write_judge_status(server: JudgeServer, paths: RunPaths, rank: int) -> None:
     counts["samples_per_s"] = counts["scored"] / counts["judge_s"] if counts["judge_s"] else 0.0
     atomic_write_json(
         paths.judge_status(rank),
-        {"time": time.time(), "instance": server.instance, "uptime_s": uptime, **counts},
+        {
+            "time": time.time(),
+            "pid": os.getpid(),  # the keeper's heartbeat check: this process's status
+            "instance": server.instance,
+            "uptime_s": uptime,
+            **counts,
+        },
     )

@@ -1,8 +1,9 @@
-"""The keeper of one rollout task: restarts its worker in place when it crashes or hangs.
+"""The keeper of one rollout or judge task: restarts its process in place when it crashes
+or hangs.
 
-``python -m relax_hpc.component rollout`` is this keeper, in a Slurm step, under the local
-executor and in an extra pool alike; it runs the worker as its child (the same command,
-with ``KEPT_VAR`` set) and:
+``python -m relax_hpc.component rollout`` (and ``judge``, for a judge of its own) is this
+keeper, in a Slurm step, under the local executor and in an extra pool alike; it runs the
+worker as its child (the same command, with ``KEPT_VAR`` set) and:
 
 * restarts a worker that crashed (an exit other than done, stopped or a config error)
   after a backoff doubling from ``rollout.restart_backoff_s``, at most
@@ -11,7 +12,10 @@ with ``KEPT_VAR`` set) and:
 * kills and restarts a worker that hangs: its heartbeat (a thread that beats every
   ``claim_lease_s / 4``) is older than ``rollout.claim_lease_s``, as for a SIGSTOPped or
   frozen process; the same kill restarts a worker whose restart was asked for
-  (``paths.restart_request``);
+  (``paths.restart_request``). A judge server's heartbeat is its status file (written
+  every few seconds), its bound ``judge.hang_after_s``, its limits ``judge.max_restarts``
+  and ``judge.restart_backoff_s``; a restarted judge publishes a new address, which the
+  rollout's clients read again after a failed call;
 * gives up after that: it records ``paths.component_failure`` (the run's own workers; an
   extra pool's worker only leaves) so that this start ends as failed, not requeued, and
   exits with the worker's code.
@@ -59,13 +63,19 @@ class TaskKeeper:
         identity: TaskIdentity,
         command: list[str],
         policy: KeeperPolicy,
+        role: str = "rollout",
     ) -> None:
         self.paths = paths
         self.worker = worker
         self.identity = identity
         self.command = command
         self.policy = policy
-        self.heartbeat = heartbeat_path(paths.rollout_assignment_dir, worker)
+        self.role = role
+        self.heartbeat = (
+            paths.judge_status(identity.rank)
+            if role == "judge"
+            else heartbeat_path(paths.rollout_assignment_dir, worker)
+        )
         self.child: subprocess.Popen | None = None
         self.stopping: str | None = None
         self.restarts = 0
@@ -113,7 +123,8 @@ class TaskKeeper:
             return None  # not beating yet (loading, joining) or beating for another process
         silent_s = time.time() - float(beat.get("time", 0))
         if silent_s > self.policy.hang_after_s:
-            return f"hung: no heartbeat for {silent_s:.0f} s (rollout.claim_lease_s)"
+            bound = "judge.hang_after_s" if self.role == "judge" else "rollout.claim_lease_s"
+            return f"hung: no heartbeat for {silent_s:.0f} s ({bound})"
         return None
 
     def _final(self, code: int) -> bool:
@@ -139,10 +150,11 @@ class TaskKeeper:
             time.sleep(min(self.policy.poll_s, delay_s))
 
     def _give_up(self, code: int, why: str) -> int:
+        what = "judge server" if self.role == "judge" else "rollout worker"
         detail = (
-            f"rollout worker {self.worker} {why} after {self.restarts} restart(s) in place "
-            f"(rollout.max_restarts={self.policy.max_restarts}); its log: "
-            f"{self.paths.task_log('rollout', self._log_task())}"
+            f"{what} {self.worker} {why} after {self.restarts} restart(s) in place "
+            f"({self.role}.max_restarts={self.policy.max_restarts}); its log: "
+            f"{self.paths.task_log(self.role, self._log_task())}"
         )
         self._say(f"giving up: {detail}")
         self._emit("component_gave_up", code, why, detail=detail)
@@ -156,7 +168,7 @@ class TaskKeeper:
             emit_event(
                 self.paths,
                 event,
-                component=f"rollout/{self.worker}",
+                component=f"{self.role}/{self.worker}",
                 exit_code=code,
                 reason=why,
                 restarts=self.restarts,
@@ -180,16 +192,24 @@ class TaskKeeper:
         print(f"{stamp} keeper[{self.worker}]: {message}", file=sys.stderr, flush=True)
 
 
-def keep_rollout_task(paths: RunPaths, identity: TaskIdentity, argv: list[str]) -> int:
-    """Run ``python -m relax_hpc.component <argv>`` as a kept worker; its exit code."""
+def keep_task(paths: RunPaths, role: str, identity: TaskIdentity, argv: list[str]) -> int:
+    """Run ``python -m relax_hpc.component <argv>`` (a rollout worker or a judge server) as a
+    kept process; its exit code."""
+    worker, policy = _worker_and_policy(paths, role, identity)
+    command = [sys.executable, "-u", "-m", "relax_hpc.component", *argv]
+    return TaskKeeper(paths, worker, identity, command, policy, role).run()
+
+
+def _worker_and_policy(
+    paths: RunPaths, role: str, identity: TaskIdentity
+) -> tuple[str, KeeperPolicy]:
     from relax_hpc.config import load_run_config
 
-    rollout = load_run_config(paths.resolved_config).rollout
-    policy = KeeperPolicy(
-        max_restarts=rollout.max_restarts,
-        backoff_s=rollout.restart_backoff_s,
-        hang_after_s=rollout.claim_lease_s,
-    )
-    worker = worker_name(identity.rank, identity.pool)
-    command = [sys.executable, "-u", "-m", "relax_hpc.component", *argv]
-    return TaskKeeper(paths, worker, identity, command, policy).run()
+    cfg = load_run_config(paths.resolved_config)
+    if role == "judge" and cfg.judge is not None:
+        judge = cfg.judge
+        policy = KeeperPolicy(judge.max_restarts, judge.restart_backoff_s, judge.hang_after_s)
+        return f"judge{identity.rank}", policy
+    rollout = cfg.rollout
+    policy = KeeperPolicy(rollout.max_restarts, rollout.restart_backoff_s, rollout.claim_lease_s)
+    return worker_name(identity.rank, identity.pool), policy

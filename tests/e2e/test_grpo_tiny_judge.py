@@ -4,7 +4,11 @@ the run, and never shows its token."""
 
 from __future__ import annotations
 
+import os
 import re
+import signal
+import subprocess
+import time
 
 import pytest
 from e2e_helpers import eval_history, failure_report, scalars, submit
@@ -119,3 +123,62 @@ def test_a_failing_remote_endpoint_costs_samples_not_the_run(tmp_path):
         p for p in run_dir.rglob("*") if p.is_file() and token in p.read_text(errors="replace")
     ]
     assert leaked == [] and token not in result.stderr + result.stdout
+
+
+def test_a_killed_judge_of_its_own_is_restarted_alone_and_the_run_goes_on(tmp_path):
+    """judge.placement=component, its server SIGKILLed mid-run: the judge task's keeper
+    starts a new server (new address, new token), the rollout finds it without a restart of
+    its own, the run is never restarted, and every sample is trained once."""
+    from e2e_helpers import REPO, submit_command, submit_env, wait_for_step
+
+    from relax_hpc.cancel import request_cancel
+    from relax_hpc.rollout.rewards.judge_address import read_judge_addresses
+    from relax_hpc.spool import check_exactly_once
+
+    run_dir, paths = tmp_path / "run", RunPaths(tmp_path / "run")
+    overrides = [
+        "trainer.total_steps=100000",  # ended by a cancel once the new judge has served
+        "trainer.checkpoint_interval_steps=1000",
+        "judge.placement=component",
+        "judge.restart_backoff_s=0.5",
+        "rollout.eval_interval_steps=0",
+        "rollout.prompts_per_step=4",
+        "rollout.n_samples_per_prompt=4",
+        "observe.audit_sample_ids=true",
+    ]
+    run = subprocess.Popen(
+        submit_command(run_dir, *overrides, experiment="grpo_tiny_judge"),
+        cwd=REPO,
+        env=submit_env(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        wait_for_step(paths.trainer_status, 2, run, timeout_s=900)
+        first = read_judge_addresses(paths)[0]
+        rollout_pid = read_json(paths.rollout_assignment_dir / "workers" / "r0.json")["pid"]
+        os.kill(first.pid, signal.SIGKILL)
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline:
+            status = read_json(paths.judge_status(0), default={})
+            if status.get("pid") not in (None, first.pid) and status.get("samples", 0) > 0:
+                break
+            assert run.poll() is None, "the run ended before the new judge served"
+            time.sleep(0.2)
+        else:
+            raise AssertionError("no restarted judge served within 300 s")
+        second = read_judge_addresses(paths)[0]
+        assert (second.pid, second.token) != (first.pid, first.token)
+        step = read_json(paths.trainer_status)["step"]
+        wait_for_step(paths.trainer_status, step + 2, run, timeout_s=300)  # judged anew
+        assert read_json(paths.rollout_assignment_dir / "workers" / "r0.json")["pid"] == rollout_pid
+    finally:
+        request_cancel(run_dir)
+        _, stderr = run.communicate(timeout=300)
+    assert run.returncode == 0, stderr[-3000:]
+    assert "restart 1 of" not in stderr  # the run itself was never restarted
+    judge_log = paths.task_log("judge", 0).read_text()
+    assert "keeper[judge0]: worker exited with -9; restart 1 of 3 in place" in judge_log
+    trained = read_json(paths.consumed_sample_ids)
+    assert not check_exactly_once({s for step in trained for s in step}, trained)

@@ -139,6 +139,16 @@ BAD_CONFIGS = [
         id="judge-beside-an-environment",
     ),
     pytest.param(
+        ["+experiment=grpo_tiny_judge", "dry_run=true", "judge.hang_after_s=0"],
+        "judge.hang_after_s",
+        id="judge-hang-bound",
+    ),
+    pytest.param(
+        ["+experiment=grpo_tiny_judge", "dry_run=true", "judge.max_restarts=-1"],
+        "judge.max_restarts",
+        id="judge-restarts",
+    ),
+    pytest.param(
         ["+experiment=grpo_tiny_omni", "dry_run=true", "rollout.environment=brighter"],
         "rollout.environment",
         id="multi-turn-audio",
