@@ -34,27 +34,35 @@ def events(folder: Path) -> dict[str, list]:
     return {tag: accumulator.Scalars(tag) for tag in accumulator.Tags()["scalars"]}
 
 
-def run(mode: str, steps: int, root: Path, overrides: Sequence[str] = ()) -> Path:
-    """grpo_tiny in ``mode`` for ``steps`` steps under ``root/mode`` (plus Hydra ``overrides``)."""
-    run_dir = root / mode
+def submit_command(mode: str, steps: int, root: Path, overrides: Sequence[str] = ()) -> list[str]:
+    """The ``relax_hpc.submit`` command of grpo_tiny in ``mode`` for ``steps`` steps under
+    ``root/mode`` (plus Hydra ``overrides``)."""
     staleness = "1" if mode == "async" else "0"
-    command = [
+    return [
         sys.executable,
         "-m",
         "relax_hpc.submit",
         "+experiment=grpo_tiny",
         "cluster=local",
-        f"run_dir={run_dir}",
+        f"run_dir={root / mode}",
         f"mode={mode}",
         f"max_staleness={staleness}",
         f"trainer.total_steps={steps}",
         "trainer.checkpoint_interval_steps=1000",
         *overrides,
     ]
+
+
+def run(mode: str, steps: int, root: Path, overrides: Sequence[str] = ()) -> Path:
+    """grpo_tiny in ``mode`` for ``steps`` steps under ``root/mode`` (plus Hydra ``overrides``)."""
     subprocess.run(
-        command, check=True, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        submit_command(mode, steps, root, overrides),
+        check=True,
+        cwd=REPO,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
     )
-    return run_dir
+    return root / mode
 
 
 def measure(run_dir: Path, target: float) -> dict[str, float]:
@@ -73,6 +81,9 @@ def measure(run_dir: Path, target: float) -> dict[str, float]:
     )
     reached = [e for e in rollout.get("eval/accuracy", []) if e.value >= target]
     return {
+        "start_time": start,  # wall clock (time.time()) at the end of step 1
+        "end_time": end,
+        "samples": samples,
         "wall_s": end - start,
         "step_s": (end - start) / intervals,
         "generate_step_s": generate_s / max(len(rollout["time/generate_s"]), 1),

@@ -7,9 +7,15 @@ with the same optimizer and loss. Printed, measured in this one run:
 
 - samples/s and s/step of each (the first step is not timed: from the end of step 1 to the
   end of step N, as ``benchmarks/e2e_tiny.py`` measures relax_hpc);
+- CPU seconds per sample of each over the same window, all processes counted (TRL's
+  process and its reward child; relax_hpc's supervisor, trainer, rollout keeper and worker,
+  reward child, ...), read from /proc by ``process_cpu.TreeCpuSampler``, per process too;
+- relax_hpc's overlap: its step time over max(generation, training) of its own timers
+  (1.0: the two roles fully overlap; sync mode is bounded by their sum instead);
 - final held-out greedy accuracy of each, by relax_hpc's own evaluator (``rollout.main.
   make_evaluator``: 256 held-out pairs, greedy, exact match);
-- relax_hpc samples/s / TRL samples/s for each relax_hpc mode;
+- relax_hpc / TRL for each relax_hpc mode: samples/s, s/step and CPU s/sample, next to the
+  targets of issue 33; ``--json PATH`` writes every figure (``build_report``);
 - relax_hpc's step phase by phase, read from its own timers (TensorBoard ``time/*`` under
   ``RUN_DIR/tensorboard/{trainer,rollout-0}``); a phase without a timer prints
   ``n/a (no timer)``.
@@ -30,14 +36,16 @@ How each side is built:
 What this leaves out: TRL's own profiling (only its wall time per step is taken), vLLM,
 more than one process for TRL. Usage:
     python benchmarks/trl_side_by_side.py [--steps 200] [--modes async,sync]
-        [--skip-trl] [--skip-relax] [--trl-threads 2]
+        [--skip-trl] [--skip-relax] [--trl-threads 2] [--json report.json]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -49,6 +57,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # benchmarks/ is not a package
 import e2e_tiny  # noqa: E402
+from process_cpu import TreeCpuSampler  # noqa: E402
 
 from relax_hpc.config import RunConfig  # noqa: E402
 from relax_hpc.config.compose import compose_run_config  # noqa: E402
@@ -63,7 +72,11 @@ from relax_hpc.rollout.main import SampleScorer, make_evaluator, make_scorer  # 
 from relax_hpc.trainer.networks import initial_model_config  # noqa: E402
 
 EXPERIMENT = ["+experiment=grpo_tiny", "cluster=local"]
-TARGET_SPEEDUP = 2.0  # relax_hpc async over TRL, samples/s
+# The issue's targets: relax_hpc samples/s over TRL's, per mode; CPU s/sample over TRL's;
+# async step over max(generation, training).
+TARGETS = {"async": 1.5, "sync": 1.0}
+TARGET_CPU_RATIO = 1.1
+TARGET_OVERLAP = 1.15
 # What TRL cannot express the way relax_hpc's grpo_tiny does (printed in the header).
 MISMATCHES = (
     "advantage (s - mean) / (std + eps): relax eps 1e-6, TRL eps 1e-4 (hard-coded in TRL)",
@@ -79,18 +92,57 @@ MISMATCHES = (
 
 @dataclass
 class Result:
-    """One framework's timed loop and its final held-out accuracy."""
+    """One framework's timed loop, its CPU and its final held-out accuracy."""
 
     name: str
     steps_timed: int  # optimizer steps inside the timed window
     wall_s: float
-    samples_per_s: float
+    samples: float  # trained inside the timed window
     final_accuracy: float
     start_accuracy: float  # of the policy it started from: equal when the weights are
+    cpu_s: dict[str, float]  # CPU seconds inside the timed window, per process (role)
+    generate_step_s: float | None = None  # relax_hpc: mean of its generate timer
+    train_step_s: float | None = None  # relax_hpc: mean of its prepare + train timers
+
+    @property
+    def samples_per_s(self) -> float:
+        return self.samples / self.wall_s
 
     @property
     def s_per_step(self) -> float:
         return self.wall_s / max(self.steps_timed, 1)
+
+    @property
+    def cpu_s_per_sample(self) -> float:
+        return sum(self.cpu_s.values()) / self.samples
+
+    @property
+    def overlap(self) -> float | None:
+        """Step time over max(generation, training): 1.0 is perfect overlap (async)."""
+        if self.generate_step_s is None or self.train_step_s is None:
+            return None
+        return self.s_per_step / max(self.generate_step_s, self.train_step_s)
+
+    def report(self, baseline: Result | None) -> dict:
+        """Every figure of this result, with the ratios to ``baseline`` (TRL)."""
+        out = {
+            "samples_per_s": self.samples_per_s,
+            "s_per_step": self.s_per_step,
+            "cpu_s_per_sample": self.cpu_s_per_sample,
+            "cpu_s_by_process": self.cpu_s,
+            "final_accuracy": self.final_accuracy,
+            "start_accuracy": self.start_accuracy,
+            "steps_timed": self.steps_timed,
+            "samples_timed": self.samples,
+            "generate_step_s": self.generate_step_s,
+            "train_step_s": self.train_step_s,
+            "overlap": self.overlap,
+        }
+        if baseline is not None:
+            out["ratio_samples_per_s"] = self.samples_per_s / baseline.samples_per_s
+            out["ratio_s_per_step"] = self.s_per_step / baseline.s_per_step
+            out["ratio_cpu_s_per_sample"] = self.cpu_s_per_sample / baseline.cpu_s_per_sample
+        return out
 
 
 # --- the shared starting point ----------------------------------------------------------------
@@ -223,7 +275,7 @@ def make_step_clock():
             self.rewards: list[tuple[int, float]] = []
 
         def on_step_end(self, args, state, control, **kwargs):
-            self.step_end_s.append(time.perf_counter())
+            self.step_end_s.append(time.time())  # the CPU sampler's clock
 
         def on_log(self, args, state, control, logs=None, **kwargs):
             if logs and "reward" in logs:
@@ -251,6 +303,7 @@ def run_trl(cfg: RunConfig, steps: int, threads: int, root: Path) -> Result:
     dataset = Dataset.from_dict(
         {"prompt": [r.prompt for _, r in stream], "data_index": [i for i, _ in stream]}
     )
+    sampler = TreeCpuSampler(os.getpid(), "TRL").start()
     score = make_scorer(cfg, RunPaths(root / "trl-scorer").create(), torch.device("cpu"))
     clock = make_step_clock()
     trainer = GRPOTrainer(
@@ -263,14 +316,22 @@ def run_trl(cfg: RunConfig, steps: int, threads: int, root: Path) -> Result:
     )
     trainer.remove_callback(PrinterCallback)  # its per-log print would flood the output
     trainer.train()
+    sampler.stop()
     score.close()
     first, last = clock.step_end_s[0], clock.step_end_s[-1]
     timed = len(clock.step_end_s) - 1
     completions = cfg.rollout.prompts_per_step * cfg.rollout.n_samples_per_prompt
     accuracy = held_out_accuracy(cfg, trainer.model, tokenizer, root / "trl-eval")
     print(f"  TRL training reward (logged every 10 steps): {format_rewards(clock.rewards)}")
-    samples_per_s = timed * completions / (last - first)
-    return Result("TRL", timed, last - first, samples_per_s, accuracy, start_accuracy)
+    return Result(
+        "TRL",
+        timed,
+        last - first,
+        timed * completions,
+        accuracy,
+        start_accuracy,
+        cpu_s=sampler.cpu_between(first, last),
+    )
 
 
 def check_same_prompt_ids(tokenizer, records: Sequence[PromptRecord]) -> None:
@@ -312,8 +373,18 @@ PHASES = (
 
 
 def run_relax(mode: str, steps: int, root: Path) -> tuple[Result, dict[str, list[float]]]:
-    """grpo_tiny via ``e2e_tiny.run``; its throughput, accuracy and per-step phase times."""
-    run_dir = e2e_tiny.run(mode, steps, root, [f"rollout.eval_interval_steps={steps}"])
+    """grpo_tiny via ``e2e_tiny``'s command line; its throughput, CPU per process,
+    accuracy and per-step phase times."""
+    command = e2e_tiny.submit_command(mode, steps, root, [f"rollout.eval_interval_steps={steps}"])
+    process = subprocess.Popen(
+        command, cwd=e2e_tiny.REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+    )
+    sampler = TreeCpuSampler(process.pid, "supervisor").start()
+    _, stderr = process.communicate()
+    sampler.stop()
+    if process.returncode != 0:
+        raise SystemExit(f"relax_hpc {mode} failed ({process.returncode}):\n{stderr[-3000:]}")
+    run_dir = root / mode
     measured = e2e_tiny.measure(run_dir, target=1.0)
     evals = e2e_tiny.events(run_dir / "tensorboard" / "rollout-0")["eval/accuracy"]
     staleness = e2e_tiny.events(run_dir / "tensorboard" / "trainer")["staleness/max"]
@@ -328,9 +399,12 @@ def run_relax(mode: str, steps: int, root: Path) -> tuple[Result, dict[str, list
         f"relax_hpc {mode}",
         steps - 1,
         measured["wall_s"],
-        measured["samples_per_s"],
+        measured["samples"],
         measured["final_accuracy"],
         start_accuracy=evals[0].value,
+        cpu_s=sampler.cpu_between(measured["start_time"], measured["end_time"]),
+        generate_step_s=measured["generate_step_s"],
+        train_step_s=measured["train_step_s"],
     )
     return result, phase_series(run_dir, steps)
 
@@ -387,9 +461,14 @@ def print_header(cfg: RunConfig, args: argparse.Namespace) -> None:
 def print_result(result: Result) -> None:
     print(
         f"{result.name:16s}: {result.samples_per_s:7.1f} samples/s | {result.s_per_step:.3f} s/step "
-        f"({result.steps_timed} steps in {result.wall_s:.1f} s) | final held-out accuracy "
+        f"({result.steps_timed} steps in {result.wall_s:.1f} s) | "
+        f"{result.cpu_s_per_sample * 1000:.2f} CPU ms/sample | final held-out accuracy "
         f"{result.final_accuracy:.1%} (start {result.start_accuracy:.1%})"
     )
+    per_process = ", ".join(
+        f"{name} {seconds:.2f}" for name, seconds in sorted(result.cpu_s.items()) if seconds
+    )
+    print(f"  CPU s in the timed steps, per process: {per_process}")
 
 
 def print_phases(mode: str, series: dict[str, list[float]], s_per_step: float) -> None:
@@ -414,12 +493,14 @@ def main() -> None:
     parser.add_argument(
         "--trl-threads", type=int, default=2, help="torch threads of TRL (relax: 2 x 1)"
     )
+    parser.add_argument("--json", type=Path, help="also write the report as JSON here")
     args = parser.parse_args()
     if args.steps < 2:
         raise SystemExit("--steps must be >= 2 (the first step is not timed)")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     cfg = grpo_tiny_config(args.steps)
     print_header(cfg, args)
+    print(f"load before: {os.getloadavg()[0]:.2f} (1-min average of this machine)")
     modes = [] if args.skip_relax else [m for m in args.modes.split(",") if m]
     results: dict[str, Result] = {}
     with tempfile.TemporaryDirectory(prefix="trl_side_by_side.") as tmp:
@@ -430,17 +511,45 @@ def main() -> None:
         if not args.skip_trl:
             results["trl"] = run_trl(cfg, args.steps, args.trl_threads, Path(tmp))
             print_result(results["trl"])
-    print_ratios(results, modes)
+    report = build_report(results, args.steps)
+    print_ratios(report)
+    if args.json is not None:
+        args.json.write_text(json.dumps(report, indent=2))
 
 
-def print_ratios(results: dict[str, Result], modes: list[str]) -> None:
-    if "trl" not in results:
-        return
-    trl = results["trl"].samples_per_s
-    for mode in modes:
-        target = f" (target >= {TARGET_SPEEDUP})" if mode == "async" else ""
-        ratio = results[mode].samples_per_s / trl
-        print(f"ratio relax_hpc {mode} / TRL samples/s: {ratio:.2f}{target}")
+def build_report(results: dict[str, Result], steps: int) -> dict:
+    baseline = results.get("trl")
+    return {
+        "steps": steps,
+        "load_1min": os.getloadavg()[0],
+        "engines": {
+            key: result.report(baseline if key != "trl" else None)
+            for key, result in results.items()
+        },
+    }
+
+
+def print_ratios(report: dict) -> None:
+    engines = report["engines"]
+    for key, figures in engines.items():
+        if key == "trl":
+            continue
+        ratios = ""
+        if "ratio_samples_per_s" in figures:
+            target = TARGETS[key]
+            ratios = (
+                f"samples/s {figures['ratio_samples_per_s']:.2f}x TRL (target >= {target}), "
+                f"s/step {figures['ratio_s_per_step']:.2f}x, CPU s/sample "
+                f"{figures['ratio_cpu_s_per_sample']:.2f}x (target <= {TARGET_CPU_RATIO})"
+            )
+        print(f"relax_hpc {key}: {ratios}")
+        if figures["overlap"] is not None and key == "async":
+            print(
+                f"  overlap: step {figures['s_per_step']:.3f} s / max(generation "
+                f"{figures['generate_step_s']:.3f}, training {figures['train_step_s']:.3f}) = "
+                f"{figures['overlap']:.2f} (target <= {TARGET_OVERLAP})"
+            )
+    print(f"load after: {report['load_1min']:.2f} (1-min average of this machine)")
 
 
 if __name__ == "__main__":

@@ -4,12 +4,13 @@
 # torch is installed first, on its own, so that pip resolves it once to the build this
 # machine should use (on a CPU-only machine: the CPU wheel); every other dependency is
 # then pinned by constraints/ci.txt. Any install failure stops the script (set -e).
-# --test also installs the test tools (pytest, hypothesis, aiosmtpd, ruff).
+# --test also installs the test tools (pytest, hypothesis, aiosmtpd, ruff) and the bench
+# extra (TRL: tests/e2e/test_trl_side_by_side.py runs the TRL benchmark in miniature).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 extras=""
-[ "${1:-}" = "--test" ] && extras="[test]"
+[ "${1:-}" = "--test" ] && extras="[test,bench]"
 PIP=(python -m pip install --disable-pip-version-check --quiet)
 
 torch_pin=$(grep -E '^torch==' constraints/ci.txt)
