@@ -17,24 +17,39 @@ from relax_hpc.paths import atomic_write_json
 
 
 class PhaseTimer:
-    """``with timer.phase("generate"): ...`` accumulates seconds per phase until ``pop``."""
+    """``with timer.phase("generate"): ...`` accumulates seconds per phase until ``pop``:
+    wall seconds, and the CPU seconds of the calling thread (where a step's CPU goes; a
+    phase that waits costs wall time, not CPU)."""
 
-    def __init__(self, clock=time.perf_counter) -> None:
+    def __init__(
+        self, clock=time.perf_counter, cpu_clock=time.thread_time, process_clock=time.process_time
+    ) -> None:
         self.clock = clock
+        self.cpu_clock = cpu_clock
+        self.process_clock = process_clock
         self.seconds: dict[str, float] = {}
+        self.cpu_seconds: dict[str, float] = {}
+        self.process_start = process_clock()
 
     @contextmanager
     def phase(self, name: str) -> Iterator[None]:
-        start = self.clock()
+        start, cpu_start = self.clock(), self.cpu_clock()
         try:
             yield
         finally:
             self.seconds[name] = self.seconds.get(name, 0.0) + self.clock() - start
+            spent = self.cpu_clock() - cpu_start
+            self.cpu_seconds[name] = self.cpu_seconds.get(name, 0.0) + spent
 
     def pop(self) -> dict[str, float]:
-        """The phase times as ``time/<phase>_s`` metrics, and reset."""
+        """The phase times as ``time/<phase>_s`` metrics, their CPU as ``cpu/<phase>_s``, the
+        whole process's CPU since the last ``pop`` (every thread) as ``cpu/process_s``;
+        and reset."""
         out = {f"time/{name}_s": value for name, value in self.seconds.items()}
-        self.seconds = {}
+        out.update({f"cpu/{name}_s": value for name, value in self.cpu_seconds.items()})
+        now = self.process_clock()
+        out["cpu/process_s"] = now - self.process_start
+        self.seconds, self.cpu_seconds, self.process_start = {}, {}, now
         return out
 
 
