@@ -14,7 +14,10 @@
   still runs and keeps the cost ledger);
 - judge: a tiny model of the judge's family on the rollout's engine (transformers), not
   warm-started: its verdicts are noise (mostly *failed*, with the reason) but every sample
-  goes through the recipe's template, verdict parser and composition.
+  goes through the recipe's template, verdict parser and composition;
+- reward models: a tiny sequence classifier of each one's ``architecture`` built from config
+  (``num_labels`` up to its label), not warm-started: its scores are noise, but every
+  sample goes through the recipe's template, label, normalization and composition.
 
 What the miniature checks stays the recipe's own: reward (and its weights, judge template
 and verdict), algorithm, mode and staleness, data schema and keys, chat template setting.
@@ -63,6 +66,7 @@ TINY_ARCHITECTURES: dict[str, dict] = {
     "Qwen2_5OmniThinkerForConditionalGeneration": {},  # models.multimodal.TINY_ARCH as is
     "Qwen3OmniMoeForConditionalGeneration": {},  # its thinker's TINY_ARCH (MoE, 2 layers)
     "Qwen3ForCausalLM": _TINY_QWEN3,
+    "Qwen3ForSequenceClassification": _TINY_QWEN3,  # a reward model's score head
     "Qwen3MoeForCausalLM": {
         **_TINY_QWEN3,
         "moe_intermediate_size": 32,
@@ -93,12 +97,6 @@ def miniaturize(cfg: RunConfig, data_dir: Path) -> RunConfig:
             "model.teacher_path",
             "a miniature builds no tiny teacher yet; run on-policy distillation at full size",
         )
-    if cfg.rewards.reward_models:
-        raise ConfigError(
-            "rewards.reward_models",
-            "a miniature builds no tiny reward model yet; run the recipe at full size or "
-            "without its reward models",
-        )
     return replace(
         cfg,
         model=_tiny_model(cfg),
@@ -110,7 +108,32 @@ def miniaturize(cfg: RunConfig, data_dir: Path) -> RunConfig:
         spool=replace(cfg.spool, poll_s=min(cfg.spool.poll_s, SPOOL_POLL_S)),
         observe=replace(cfg.observe, alerts=replace(cfg.observe.alerts, events=[])),
         judge=_tiny_judge(cfg),
+        rewards=replace(cfg.rewards, reward_models=_tiny_reward_models(cfg)),
     )
+
+
+def _tiny_reward_models(cfg: RunConfig) -> dict:
+    """Each reward model as a tiny one of its ``architecture`` built from config, with the
+    recipe's template, label and normalization; not warm-started (its scores are noise)."""
+    tiny = {}
+    for name, rm in cfg.rewards.reward_models.items():
+        if rm.architecture not in TINY_ARCHITECTURES:
+            raise ConfigError(
+                f"rewards.reward_models.{name}.architecture",
+                f"no tiny model of {rm.architecture} is defined for a miniature (known: "
+                f"{', '.join(TINY_ARCHITECTURES)}); add one to relax_hpc/miniature.py",
+            )
+        tiny[name] = replace(
+            rm,
+            path=None,
+            arch={**TINY_ARCHITECTURES[rm.architecture], "num_labels": rm.label + 1},
+            tokenizer="char",
+            warm_start="none",
+            dtype="float32",
+            batch_size=min(rm.batch_size, PROMPTS_PER_STEP * SAMPLES_PER_PROMPT),
+            max_length=min(rm.max_length, _TINY_QWEN3["max_position_embeddings"]),
+        )
+    return tiny
 
 
 def _tiny_judge(cfg: RunConfig):
@@ -226,6 +249,8 @@ def describe_miniature(cfg: RunConfig) -> str:
     else:
         data = f"the built-in {cfg.data.kind} task"
     judge = f", a tiny {cfg.judge.model.architecture} judge" if cfg.judge is not None else ""
+    if cfg.rewards.reward_models:
+        judge += f", {len(cfg.rewards.reward_models)} tiny reward model(s)"
     return (
         f"MINIATURE run of {cfg.name} (+preset=miniature): a tiny {cfg.model.architecture} "
         f"built from config{judge}, the torch trainer and the transformers engine on CPU, {data}, "

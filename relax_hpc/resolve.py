@@ -171,6 +171,8 @@ def resolve_reward_services(cfg: RunConfig, check_paths: bool) -> None:
     from relax_hpc.models.hf_folder import load_model_config
 
     for name, rm in cfg.rewards.reward_models.items():
+        if rm.path is None:
+            continue  # built from arch: its head was checked against arch.num_labels
         field = f"rewards.reward_models.{name}.path"
         labels = getattr(load_model_config(rm.path, field), "num_labels", 0)
         if labels <= rm.label:

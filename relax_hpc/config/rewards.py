@@ -29,6 +29,7 @@ MISSING: Any = "???"
 COMPOSITE = "composite"
 JUDGE_PART = "judge"
 RM_NORMALIZATIONS = ("none", "sigmoid")
+RM_WARM_STARTS = ("none", "addition_scorer")
 
 
 @dataclass
@@ -90,9 +91,19 @@ class EndpointConfig(ClientConfig):
 
 @dataclass
 class RewardModelConfig:
-    """A sequence-classification reward model (a score head) from a local HF folder."""
+    """A sequence-classification reward model (a score head): a local HF folder (``path``),
+    or ``architecture`` built from ``arch`` with a built-in ``tokenizer`` (``path: null``),
+    optionally trained first (``warm_start``, cached like the policy's warm start)."""
 
-    path: str = MISSING
+    path: str | None = MISSING
+    # Built from config when path is null: a transformers *ForSequenceClassification class,
+    # its config kwargs (num_labels included) and a built-in tokenizer (char)
+    architecture: str = "Qwen3ForSequenceClassification"
+    arch: dict[str, Any] = field(default_factory=dict)
+    tokenizer: str = "char"
+    # none | addition_scorer: train the built model to score additions first
+    # (relax_hpc/models/scorer_warmstart.py; data.kind=synthetic_addition)
+    warm_start: str = "none"
     # What the model reads: {prompt}, {response}, {reference} and the row's columns.
     template: str = "{prompt}{response}"
     label: int = 0  # the logit that is the score (0 for a one-logit head)
@@ -102,6 +113,7 @@ class RewardModelConfig:
     dtype: str = "auto"
 
     def validate(self, prefix: str) -> None:
+        self._check_source(prefix)
         if self.normalize not in RM_NORMALIZATIONS:
             raise ValueError(
                 f"{prefix}.normalize {self.normalize!r} is not one of "
@@ -114,6 +126,32 @@ class RewardModelConfig:
                 raise ValueError(f"{prefix}.{name} must be >= 1, got {getattr(self, name)!r}")
         if self.label < 0:
             raise ValueError(f"{prefix}.label must be >= 0, got {self.label}")
+
+    def _check_source(self, prefix: str) -> None:
+        if self.warm_start not in RM_WARM_STARTS:
+            raise ValueError(
+                f"{prefix}.warm_start {self.warm_start!r} is not one of {', '.join(RM_WARM_STARTS)}"
+            )
+        if self.path is None and not self.arch:
+            raise ValueError(
+                f"{prefix}.arch: a reward model with path null is built from arch; set "
+                f"{prefix}.path to a local folder, or {prefix}.arch to its config kwargs"
+            )
+        if self.path is None and self.tokenizer == "auto":
+            raise ValueError(
+                f"{prefix}.tokenizer: 'auto' reads the tokenizer of path; a reward model built "
+                "from arch needs tokenizer=char or a folder"
+            )
+        if self.path is not None and self.warm_start != "none":
+            raise ValueError(
+                f"{prefix}.path: warm_start={self.warm_start} trains a model built from arch; "
+                f"set {prefix}.path=null"
+            )
+        if self.path is None and self.label >= self.arch.get("num_labels", 2):
+            raise ValueError(
+                f"{prefix}.label {self.label} is not a logit of a head with "
+                f"arch.num_labels={self.arch.get('num_labels', 2)}; set {prefix}.label"
+            )
 
 
 @dataclass

@@ -31,6 +31,13 @@ def check_rewards(cfg: RunConfig) -> None:
     except ValueError as err:
         text = str(err)
         raise ConfigError(text.split(" ")[0].rstrip(":"), text) from None
+    for name, rm in cfg.rewards.reward_models.items():
+        if rm.warm_start == "addition_scorer" and cfg.data.kind != "synthetic_addition":
+            raise ConfigError(
+                f"rewards.reward_models.{name}.warm_start",
+                f"addition_scorer scores the synthetic addition task, not data.kind="
+                f"{cfg.data.kind}; use a reward model of your own (path)",
+            )
     if cfg.judge is not None:
         check_judge(cfg.judge, cfg)
 
@@ -171,7 +178,8 @@ def judge_paths(cfg: RunConfig) -> dict[str, str]:
     if cfg.judge is not None and cfg.judge.model.path:
         found["judge.model.path"] = cfg.judge.model.path
     for name, rm in cfg.rewards.reward_models.items():
-        found[f"rewards.reward_models.{name}.path"] = rm.path
+        if rm.path is not None:
+            found[f"rewards.reward_models.{name}.path"] = rm.path
     for name, endpoint in cfg.rewards.endpoints.items():
         if endpoint.token_file:
             found[f"rewards.endpoints.{name}.token_file"] = endpoint.token_file

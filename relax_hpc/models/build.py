@@ -67,6 +67,18 @@ def build_causal_lm(
     """
     if model_cfg.path is not None:
         return load_causal_lm(model_cfg.path, dtype)
+    return build_from_arch(model_cfg, tokenizer, dtype, seed)
+
+
+def build_from_arch(
+    model_cfg: ModelConfig,
+    tokenizer: PreTrainedTokenizerBase,
+    dtype: torch.dtype = torch.float32,
+    seed: int = 0,
+) -> PreTrainedModel:
+    """``model.architecture`` (any transformers class: a causal LM, a sequence classifier)
+    built from ``model.arch``, sized to ``tokenizer``; weights drawn from ``seed`` without
+    touching the global RNG; eval mode, on CPU."""
     model_class = architecture_class(model_cfg.architecture)
     config = model_class.config_class(
         **model_cfg.arch,

@@ -73,3 +73,28 @@ def test_a_family_without_a_tiny_model_is_named(tmp_path):
     cfg = compose_run_config(["+experiment=grpo_qwen3", "model.architecture=LlamaForCausalLM"])
     with pytest.raises(ConfigError, match="no tiny model of LlamaForCausalLM"):
         miniaturize(cfg, tmp_path)
+
+
+def test_a_reward_model_of_a_folder_becomes_a_tiny_one_built_from_config(tmp_path):
+    rm = "{helpful: {path: /models/rm-8b, label: 1, normalize: sigmoid, template: 'Q {response}'}}"
+    cfg = compose_run_config(
+        [
+            "+experiment=grpo_qwen3",
+            "rollout.reward=composite",
+            "++rewards.weights={dapo_math: 1.0, helpful: 0.5}",
+            f"++rewards.reward_models={rm}",
+        ]
+    )
+    tiny = miniaturize(cfg, tmp_path)
+    validate_run_config(tiny)
+    helpful = tiny.rewards.reward_models["helpful"]
+    assert (helpful.path, helpful.warm_start, helpful.tokenizer) == (None, "none", "char")
+    assert helpful.arch["num_labels"] == 2 and helpful.arch["hidden_size"] == 64
+    assert (helpful.label, helpful.normalize, helpful.template) == (1, "sigmoid", "Q {response}")
+    assert tiny.rewards.weights == cfg.rewards.weights
+    unknown = rm.replace("label: 1,", "label: 1, architecture: GPT2ForSequenceClassification,")
+    cfg = compose_run_config(
+        ["+experiment=grpo_qwen3", "rollout.reward=helpful", f"++rewards.reward_models={unknown}"]
+    )
+    with pytest.raises(ConfigError, match="no tiny model of GPT2ForSequenceClassification"):
+        miniaturize(cfg, tmp_path)

@@ -20,7 +20,7 @@ from relax_hpc.resolve import (
     reward_part_fields,
 )
 from relax_hpc.rollout.rewards import REWARDS
-from relax_hpc.rollout.rewards.registry import JUDGE, part_kind
+from relax_hpc.rollout.rewards.registry import JUDGE, REWARD_MODEL, part_kind
 
 
 @pytest.mark.parametrize("name", experiment_names())
@@ -29,10 +29,13 @@ def test_every_shipped_experiment_resolves_every_name(name):
     validate_run_config(cfg, check_paths=False)
     resolve_names(cfg, check_paths=False)
     # The shipped recipes use built-in rule rewards (no user module) and the services they
-    # configure (a judge section).
+    # configure (a judge section, a reward model of their own).
     for part, field in reward_part_fields(cfg).items():
         kind = part_kind(part, cfg.rewards, cfg.judge is not None, field)
-        assert part in REWARDS or (kind == JUDGE and cfg.judge is not None), (part, kind)
+        configured = (kind == JUDGE and cfg.judge is not None) or (
+            kind == REWARD_MODEL and part in cfg.rewards.reward_models
+        )
+        assert part in REWARDS or configured, (part, kind)
 
 
 def write_jsonl(path: Path, rows: list[dict]) -> Path:

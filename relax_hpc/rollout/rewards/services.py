@@ -93,12 +93,11 @@ def build_endpoint_scorer(name: str, rewards: RewardsConfig, context: RewardCont
 
 def build_reward_model_scorer(name: str, rewards: RewardsConfig, context: RewardContext):
     from relax_hpc.models.build import resolve_dtype
-    from relax_hpc.rollout.rewards.reward_model import RewardModelScorer, load_reward_model
+    from relax_hpc.rollout.rewards.reward_model import RewardModelScorer
 
     rm = rewards.reward_models[name]
-    dtype = resolve_dtype(rm.dtype, context.device)
-    model, tokenizer = load_reward_model(
-        rm.path, f"rewards.reward_models.{name}.path", rm.label, dtype
+    model, tokenizer = reward_model_and_tokenizer(
+        name, rewards, context, resolve_dtype(rm.dtype, context.device)
     )
     return RewardModelScorer(
         model.to(context.device),
@@ -109,6 +108,47 @@ def build_reward_model_scorer(name: str, rewards: RewardsConfig, context: Reward
         rm.batch_size,
         rm.max_length,
     )
+
+
+def reward_model_and_tokenizer(name: str, rewards: RewardsConfig, context: RewardContext, dtype):
+    """From ``path``, from its cached warm start, or built from ``arch`` (weights from the
+    run's seed: a miniature's reward model, whose scores are noise)."""
+    from relax_hpc.models.build import build_from_arch, build_tokenizer
+    from relax_hpc.rollout.rewards.reward_model import load_reward_model
+
+    rm = rewards.reward_models[name]
+    field = f"rewards.reward_models.{name}.path"
+    if rm.path is not None:
+        return load_reward_model(rm.path, field, rm.label, dtype)
+    model_cfg = ModelConfig(
+        name=name, architecture=rm.architecture, arch=rm.arch, tokenizer=rm.tokenizer
+    )
+    if rm.warm_start == "addition_scorer":
+        return load_reward_model(
+            str(scorer_folder(name, model_cfg, context)), field, rm.label, dtype
+        )
+    tokenizer = build_tokenizer(model_cfg)
+    return build_from_arch(model_cfg, tokenizer, dtype, seed=context.seed), tokenizer
+
+
+def scorer_folder(name: str, model_cfg: ModelConfig, context: RewardContext) -> Path:
+    """The cached addition scorer (trained the first time), its measured quality logged."""
+    from relax_hpc.models.scorer_warmstart import warm_start_scorer
+    from relax_hpc.models.warmstart import METADATA_NAME, default_cache_dir
+
+    if context.data is None:
+        raise ValueError("warm_start=addition_scorer needs the run's data config")
+    folder = warm_start_scorer(model_cfg, context.data, context.cache_dir or default_cache_dir())
+    measured = read_json(folder / METADATA_NAME)
+    log.info(
+        "reward model %s: addition_scorer from %s ranks a right answer above a wrong one on "
+        "%.1f%% of held-out pairs (AUC); score > 0.5 agrees with exact match on %.1f%%",
+        name,
+        folder,
+        100 * measured["auc"],
+        100 * measured["agreement"],
+    )
+    return folder
 
 
 def build_judge_scorer(judge: JudgeConfig, context: RewardContext) -> BatchScorer:

@@ -81,3 +81,44 @@ def test_a_reward_model_is_a_part_by_its_name(rm_folder):
     (logit,) = reference_logits(rm_folder, ["2+2=4"], 0)
     assert result.score == pytest.approx(1.0 + 0.5 * logit, abs=1e-5)
     assert result.details["parts"]["helpful"] == pytest.approx(logit, abs=1e-5)
+
+
+ARCH = {
+    "num_labels": 1,
+    "hidden_size": 32,
+    "intermediate_size": 64,
+    "num_hidden_layers": 1,
+    "num_attention_heads": 2,
+    "num_key_value_heads": 2,
+    "head_dim": 16,
+    "max_position_embeddings": 64,
+}
+
+
+def test_a_reward_model_built_from_config_scores_its_own_logits():
+    rm = RewardModelConfig(path=None, arch=ARCH, tokenizer="char")
+    rm.validate("rm")
+    rewards = RewardsConfig(reward_models={"rm": rm})
+    first = build_scorer("rm", rewards, None, RewardContext(reward_timeout_s=None, seed=3))
+    again = build_scorer("rm", rewards, None, RewardContext(reward_timeout_s=None, seed=3))
+    other = build_scorer("rm", rewards, None, RewardContext(reward_timeout_s=None, seed=4))
+    items = [ScoreItem("58", "58", {}, "37+48="), ScoreItem("7", "58", {}, "37+48=")]
+    scores = [r.score for r in first.score(items)]
+    assert scores[0] != scores[1]  # the text reaches the head
+    assert scores == [r.score for r in again.score(items)]  # weights drawn from the run's seed
+    assert scores != [r.score for r in other.score(items)]
+
+
+@pytest.mark.parametrize(
+    "fields, message",
+    [
+        ({"path": None}, r"rm\.arch: a reward model with path null is built from arch"),
+        ({"path": "/models/rm", "warm_start": "addition_scorer"}, r"rm\.path: warm_start="),
+        ({"path": None, "arch": ARCH, "label": 1}, r"rm\.label 1 is not a logit"),
+        ({"path": None, "arch": ARCH, "tokenizer": "auto"}, r"rm\.tokenizer: 'auto'"),
+        ({"path": None, "arch": ARCH, "warm_start": "vibes"}, r"rm\.warm_start 'vibes'"),
+    ],
+)
+def test_a_reward_model_source_that_cannot_work_is_named(fields, message):
+    with pytest.raises(ValueError, match=message):
+        RewardModelConfig(**fields).validate("rm")
