@@ -162,20 +162,14 @@ def write_transformers5_folder(folder):
     import json
 
     import transformers
+    from tiny_models import tiny_qwen3_arch
 
     from relax_hpc.models.tokenizer import build_char_tokenizer
 
     tokenizer = build_char_tokenizer()
     tokenizer.add_special_tokens({"additional_special_tokens": ["<|im_end|>"]})
     config = transformers.Qwen3Config(
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=2,
-        head_dim=16,
-        max_position_embeddings=256,
-        tie_word_embeddings=True,
+        **tiny_qwen3_arch(max_position_embeddings=256),
         rope_theta=TRANSFORMERS5_ROPE_THETA,
         vocab_size=len(tokenizer),
         pad_token_id=tokenizer.pad_token_id,

@@ -24,28 +24,17 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import torch
 import transformers
+from tiny_models import tiny_qwen3, tiny_qwen3_arch
 
-from relax_hpc.config.schema import ModelConfig
-from relax_hpc.models.build import build_causal_lm
 from relax_hpc.models.tokenizer import build_char_tokenizer
 from relax_hpc.models.warmstart import supervised_batch
 
-TINY_ARCH = {
-    "hidden_size": 32,
-    "intermediate_size": 64,
-    "num_hidden_layers": 1,
-    "num_attention_heads": 2,
-    "num_key_value_heads": 2,
-    "head_dim": 16,
-    "max_position_embeddings": 48,
-    "tie_word_embeddings": True,
-}
+TINY_ARCH = tiny_qwen3_arch(num_hidden_layers=1, max_position_embeddings=48)
 
 
 def train_yes_judge(arch: dict = TINY_ARCH, steps: int = 25, lr: float = 2e-2):
     """(model, tokenizer): a few supervised steps until it answers "yes" to additions."""
-    tokenizer = build_char_tokenizer()
-    model = build_causal_lm(ModelConfig(name="judge", tokenizer="char", arch=arch), tokenizer)
+    model, tokenizer = tiny_qwen3(arch)
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
     texts = [f"{a}+{b}={a + b}?" for a, b in [(1, 2), (13, 9), (40, 2), (7, 77)]]
     input_ids, labels = supervised_batch(tokenizer, texts, ["yes"] * len(texts))
@@ -62,8 +51,7 @@ def save_tiny_reward_model(folder, num_labels: int = 1) -> None:
     """A random Qwen3 sequence-classification model with the char tokenizer, saved."""
     tokenizer = build_char_tokenizer()
     config = transformers.Qwen3Config(
-        **{k: v for k, v in TINY_ARCH.items() if k != "max_position_embeddings"},
-        max_position_embeddings=128,
+        **tiny_qwen3_arch(num_hidden_layers=1),
         vocab_size=len(tokenizer),
         pad_token_id=tokenizer.pad_token_id,
         bos_token_id=tokenizer.bos_token_id,

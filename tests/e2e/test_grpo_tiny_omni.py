@@ -11,12 +11,8 @@ there. Both go through the whole path: data -> rollout -> spool -> trainer -> we
 
 from __future__ import annotations
 
-import time
-
 import pytest
-from e2e_helpers import eval_history, failure_report, scalars, submit
-
-from relax_hpc.paths import RunPaths
+from e2e_helpers import learns_from_media_not_blank
 
 pytestmark = pytest.mark.slow
 
@@ -26,25 +22,5 @@ MAX_SHARD_BYTES_PER_STEP = 1_500_000
 STEPS = 10
 
 
-def run(run_dir, *overrides: str) -> tuple[list[dict], float]:
-    started = time.monotonic()
-    result = submit(run_dir, *overrides, experiment="grpo_tiny_omni", timeout_s=900)
-    assert result.returncode == 0, failure_report(result, run_dir)
-    assert "held-out greedy accuracy" in result.stderr
-    return eval_history(run_dir), time.monotonic() - started
-
-
 def test_grpo_tiny_omni_learns_from_the_clips_and_not_from_silence(tmp_path):
-    hearing, hearing_s = run(tmp_path / "audio")
-    deaf, deaf_s = run(tmp_path / "blank", "data.blank_media=true")
-    print(f"audio: {hearing} in {hearing_s:.0f} s; silence: {deaf} in {deaf_s:.0f} s")
-    base, final = hearing[0], hearing[-1]
-    assert (base["policy_version"], final["policy_version"]) == (0, STEPS)
-    assert final["accuracy"] >= max(0.8, base["accuracy"] + 0.3), hearing
-    assert deaf[-1]["policy_version"] == STEPS
-    assert deaf[-1]["accuracy"] <= final["accuracy"] - 0.3, deaf
-
-    rollout = scalars(RunPaths(tmp_path / "audio").rollout_tensorboard_dir(0))
-    shard_bytes = [b for b in rollout["spool/shard_bytes"] if b > 0]
-    assert shard_bytes and max(shard_bytes) < MAX_SHARD_BYTES_PER_STEP, shard_bytes
-    assert rollout["data/train_rows_skipped"][-1] == 0
+    learns_from_media_not_blank(tmp_path, "grpo_tiny_omni", STEPS, MAX_SHARD_BYTES_PER_STEP)

@@ -16,11 +16,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from tiny_models import SGLANG_QWEN3, tiny_qwen3
 
-from relax_hpc.config.schema import ModelConfig
 from relax_hpc.data.schemas import SCHEMAS, dapo_math_rows, write_rows
-from relax_hpc.models.build import build_causal_lm
-from relax_hpc.models.tokenizer import build_char_tokenizer
 from relax_hpc.paths import RunPaths, read_json
 
 pytestmark = [
@@ -31,26 +29,14 @@ pytest.importorskip("sglang", reason="needs the gpu extra (sglang)")
 pytest.importorskip("megatron.core", reason="needs the gpu extra (megatron-core)")
 
 REPO = Path(__file__).resolve().parents[2]
-ARCH = {  # head_dim 64: the smallest size every SGLang attention backend supports
-    "hidden_size": 128,
-    "intermediate_size": 256,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 2,
-    "num_key_value_heads": 2,
-    "head_dim": 64,
-    "max_position_embeddings": 1024,  # a DAPO prompt is ~450 characters (= tokens)
-    "tie_word_embeddings": False,
-}
+ARCH = {**SGLANG_QWEN3, "max_position_embeddings": 1024}  # a DAPO prompt: ~450 characters
 STEPS = 2
 
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory) -> Path:
     folder = tmp_path_factory.mktemp("tiny-qwen3")
-    tokenizer = build_char_tokenizer()
-    model = build_causal_lm(
-        ModelConfig(name="tiny", tokenizer="char", arch=ARCH), tokenizer, torch.bfloat16
-    )
+    model, tokenizer = tiny_qwen3(ARCH, dtype=torch.bfloat16)
     model.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     return folder

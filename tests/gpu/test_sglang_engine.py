@@ -15,10 +15,8 @@ import threading
 
 import pytest
 import torch
+from tiny_models import SGLANG_QWEN3, tiny_qwen3
 
-from relax_hpc.config.schema import ModelConfig
-from relax_hpc.models.build import build_causal_lm
-from relax_hpc.models.tokenizer import build_char_tokenizer
 from relax_hpc.paths import RunPaths
 from relax_hpc.rollout.engines.base import GenerationRequest, SamplingParams
 from relax_hpc.rollout.engines.sglang_engine import SGLangEngine
@@ -31,24 +29,12 @@ pytestmark = [
 ]
 sglang = pytest.importorskip("sglang", reason="needs the gpu extra (sglang)")
 
-ARCH = {  # head_dim 64: the smallest size every SGLang attention backend supports
-    "hidden_size": 128,
-    "intermediate_size": 256,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 2,
-    "num_key_value_heads": 2,
-    "head_dim": 64,
-    "max_position_embeddings": 512,
-    "tie_word_embeddings": False,
-}
 PROMPTS = ["1+2=", "37+48=", "hello there, "]
 MAX_NEW_TOKENS = 12
 
 
 def random_qwen3(seed: int):
-    tokenizer = build_char_tokenizer()
-    model_cfg = ModelConfig(name="tiny", tokenizer="char", arch=ARCH)
-    model = build_causal_lm(model_cfg, tokenizer, torch.bfloat16, seed=seed)
+    model, tokenizer = tiny_qwen3(SGLANG_QWEN3, seed, torch.bfloat16)
     with torch.no_grad():
         # a random init gives near-uniform logits; sharper ones make a wrong temperature
         # convention show up far above bf16 round-off

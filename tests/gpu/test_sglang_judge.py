@@ -13,7 +13,7 @@ from __future__ import annotations
 import pytest
 import torch
 from reward_fixtures import train_yes_judge
-from test_sglang_engine import ARCH  # head_dim 64: what every SGLang attention backend takes
+from tiny_models import SGLANG_QWEN3
 
 from relax_hpc.config.schema import JudgeConfig, ModelConfig
 from relax_hpc.models.tokenizer import build_char_tokenizer
@@ -35,7 +35,7 @@ ROWS = [ScoreItem(str(a + b)[::-1], "", {}, f"{a}+{b}=") for a, b in [(1, 2), (1
 def judge_folder(tmp_path_factory):
     """A tiny judge trained (on CPU, in seconds) to answer "yes" to additions."""
     folder = tmp_path_factory.mktemp("judge")
-    model, tokenizer = train_yes_judge(ARCH, steps=60, lr=1e-2)
+    model, tokenizer = train_yes_judge(SGLANG_QWEN3, steps=60, lr=1e-2)
     model.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     return folder

@@ -6,23 +6,20 @@ import dataclasses
 
 import pytest
 import torch
+from tiny_models import tiny_qwen3_arch
 from transformers import AutoTokenizer
 
 from relax_hpc.config.schema import ModelConfig
 from relax_hpc.models.build import build_causal_lm, build_tokenizer, num_parameters, resolve_dtype
 from relax_hpc.models.tokenizer import build_char_tokenizer
 
-TINY_ARCH = {
-    "hidden_size": 64,
-    "intermediate_size": 256,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 4,
-    "head_dim": 16,
-    "max_position_embeddings": 128,
-    "tie_word_embeddings": True,
-    "rope_theta": 10000.0,
-}
+TINY_ARCH = tiny_qwen3_arch(
+    hidden_size=64,
+    intermediate_size=256,
+    num_attention_heads=4,
+    num_key_value_heads=4,
+    rope_theta=10000.0,
+)
 
 
 def tiny_model_config(**overrides) -> ModelConfig:

@@ -7,8 +7,9 @@ import json
 
 import pytest
 import torch
+from tiny_models import tiny_qwen3_arch, tiny_qwen3_config
 
-from relax_hpc.config.schema import DataConfig, ModelConfig
+from relax_hpc.config.schema import DataConfig
 from relax_hpc.models import warmstart
 from relax_hpc.models.build import build_causal_lm, build_tokenizer
 from relax_hpc.models.tokenizer import build_char_tokenizer
@@ -20,17 +21,10 @@ from relax_hpc.models.warmstart import (
     warm_started_model_config,
 )
 
-ARCH = {
-    "hidden_size": 16,
-    "intermediate_size": 32,
-    "num_hidden_layers": 1,
-    "num_attention_heads": 2,
-    "num_key_value_heads": 2,
-    "head_dim": 8,
-    "max_position_embeddings": 32,
-    "tie_word_embeddings": True,
-}
-MODEL = ModelConfig(name="t", tokenizer="char", arch=ARCH)
+ARCH = tiny_qwen3_arch(
+    hidden_size=16, intermediate_size=32, num_hidden_layers=1, head_dim=8, max_position_embeddings=32
+)
+MODEL = tiny_qwen3_config(ARCH)
 DATA = DataConfig(kind="synthetic_addition", digits=1, eval_size=10, apply_chat_template=False)
 RECIPE = WarmStartConfig(steps=3, batch_size=8, warmup_steps=1)
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 from agent_fixtures import CountdownEnv, RaisingEnv, ScriptedToolEnv, SlowStepEnv
 from test_agent_envs import chatml_tokenizer
-from test_rollout_transformers_engine import ARCH
+from tiny_models import TINY_QWEN3 as ARCH
 
 from relax_hpc.config.schema import ModelConfig
 from relax_hpc.data.tasks import GuessNumberTask

@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import pytest
 import torch
+from tiny_models import tiny_qwen3, tiny_qwen3_arch
 
-from relax_hpc.config.schema import DataConfig, ModelConfig
+from relax_hpc.config.schema import DataConfig
 from relax_hpc.data.datasets import build_dataset
 from relax_hpc.data.sampler import PromptSampler
-from relax_hpc.models.build import build_causal_lm
 from relax_hpc.models.tokenizer import build_char_tokenizer
 from relax_hpc.observe.metrics import MetricsLogger
 from relax_hpc.rollout.assignment import GroupAssignment
@@ -24,22 +24,12 @@ from relax_hpc.rollout.engines.transformers_engine import TransformersEngine
 from relax_hpc.rollout.loop import RolloutSettings, RolloutWorker
 from relax_hpc.spool import ShardWriter
 
-ARCH = {
-    "hidden_size": 64,
-    "intermediate_size": 128,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 2,
-    "num_key_value_heads": 2,
-    "head_dim": 32,
-    "max_position_embeddings": 128,
-    "tie_word_embeddings": True,
-}
+ARCH = tiny_qwen3_arch(hidden_size=64, intermediate_size=128, head_dim=32)
 PARAMS = SamplingParams(temperature=1.0, max_new_tokens=6, seed=3)
 
 
 def tiny_model(seed: int) -> torch.nn.Module:
-    cfg = ModelConfig(name="t", tokenizer="char", arch=ARCH)
-    return build_causal_lm(cfg, build_char_tokenizer(), seed=seed)
+    return tiny_qwen3(ARCH, seed)[0]
 
 
 def resident_bytes(engine: TransformersEngine) -> int:

@@ -5,11 +5,11 @@ weight receiver played by a stand-in (it needs a trainer process, tested in test
 
 from __future__ import annotations
 
-from relax_hpc.config.schema import DataConfig, ModelConfig
+from tiny_models import tiny_qwen3, tiny_qwen3_arch
+
+from relax_hpc.config.schema import DataConfig
 from relax_hpc.data.datasets import build_dataset
 from relax_hpc.data.sampler import PromptSampler
-from relax_hpc.models.build import build_causal_lm
-from relax_hpc.models.tokenizer import build_char_tokenizer
 from relax_hpc.observe.metrics import MetricsLogger
 from relax_hpc.rollout.assignment import GroupAssignment
 from relax_hpc.rollout.engines.base import SamplingParams
@@ -18,17 +18,6 @@ from relax_hpc.rollout.loop import RolloutSettings, RolloutWorker
 from relax_hpc.spool import ShardWriter, read_shard
 from relax_hpc.spool.layout import SpoolLayout, list_names
 from relax_hpc.spool.redo import RedoRequest, open_requests, request_redo
-
-ARCH = {
-    "hidden_size": 32,
-    "intermediate_size": 64,
-    "num_hidden_layers": 1,
-    "num_attention_heads": 2,
-    "num_key_value_heads": 2,
-    "head_dim": 16,
-    "max_position_embeddings": 128,
-    "tie_word_embeddings": True,
-}
 
 
 class Weights:
@@ -45,8 +34,7 @@ class Weights:
 
 
 def test_a_redo_is_generated_first_with_fresh_weights_and_its_own_ids(tmp_path):
-    tokenizer = build_char_tokenizer()
-    model = build_causal_lm(ModelConfig(name="t", tokenizer="char", arch=ARCH), tokenizer, seed=0)
+    model, tokenizer = tiny_qwen3(tiny_qwen3_arch(num_hidden_layers=1))
     engine = TransformersEngine(model, tokenizer)
     spool = SpoolLayout(tmp_path / "spool")
     request_redo(spool.redo_dir, RedoRequest(group=3, attempt=1, min_policy_version=5))

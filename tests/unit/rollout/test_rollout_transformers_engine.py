@@ -6,30 +6,18 @@ import dataclasses
 
 import pytest
 import torch
+from tiny_models import tiny_qwen3, tiny_qwen3_config
 
-from relax_hpc.config.schema import ModelConfig
 from relax_hpc.models.build import build_causal_lm
-from relax_hpc.models.tokenizer import build_char_tokenizer
 from relax_hpc.rollout.engines.base import GenerationRequest, SamplingParams
 from relax_hpc.rollout.engines.transformers_engine import TransformersEngine, top_k_top_p_filter
 
-ARCH = {
-    "hidden_size": 32,
-    "intermediate_size": 64,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 2,
-    "num_key_value_heads": 2,
-    "head_dim": 16,
-    "max_position_embeddings": 128,
-    "tie_word_embeddings": True,
-}
 PROMPTS = ["1+2=", "37+48=", "hello there, ", "0=", "The quick brown fox"]
 
 
 @pytest.fixture(scope="module")
 def engine() -> TransformersEngine:
-    tokenizer = build_char_tokenizer()
-    model = build_causal_lm(ModelConfig(name="t", tokenizer="char", arch=ARCH), tokenizer, seed=0)
+    model, tokenizer = tiny_qwen3()
     return TransformersEngine(model, tokenizer, max_batch_size=3)
 
 
@@ -114,7 +102,7 @@ def test_length_finish_and_eos(engine):
 
 def test_load_state_dict_changes_generations_and_version(engine):
     tokenizer = engine.tokenizer
-    cfg = ModelConfig(name="t", tokenizer="char", arch=ARCH)
+    cfg = tiny_qwen3_config()
     fresh = TransformersEngine(build_causal_lm(cfg, tokenizer, seed=0), tokenizer)
     params = SamplingParams(max_new_tokens=6, seed=0)
     before = fresh.generate(requests(engine), params)

@@ -1,5 +1,6 @@
-"""Helpers shared by the media trainer tests: spool samples of image prompts sampled by the
-media engine (a uniquely named module, not a ``conftest.py``)."""
+"""Helpers shared by the media trainer tests (tests/unit/trainer on CPU, tests/gpu on a GPU):
+spool samples of media prompts sampled by the media engine, and a torch backend over copies
+of a policy (a uniquely named module, not a ``conftest.py``)."""
 
 from __future__ import annotations
 
