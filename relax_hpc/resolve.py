@@ -15,7 +15,7 @@ this module checks that each *name* stands for something that exists where the j
 | ``rollout.eval_interval_steps`` | a held-out split (``data.eval_path``) for file datasets |
 | ``model.architecture`` | a transformers class; the class the folder's config.json names* |
 | ``model.path``, ``model.tokenizer`` | a config.json and a tokenizer that load (not the weights)* |
-| ``trainer.backend``, ``rollout.backend`` | a backend whose library the job's interpreter has* |
+| ``trainer.backend``, ``rollout.backend``, ``judge.backend`` | a registered plug-in (``trainer/registry.py``, ``rollout/engines/registry.py``) or ``module:name`` (imported); the libraries it needs, in the job's interpreter* |
 | ``model.modality`` | a modality the trainer and engines carry* |
 | ``trainer.backend=megatron`` | an architecture its weight mapping covers* |
 | ``cluster.python`` | an executable* |
@@ -29,7 +29,6 @@ imported by the checks that need them).
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import shutil
 import sys
@@ -40,10 +39,8 @@ from relax_hpc.config.rewards import COMPOSITE
 from relax_hpc.config.schema import BUILTIN_TOKENIZERS
 from relax_hpc.data.scan import DataFileError, scan_columns
 from relax_hpc.data.schemas import SCHEMAS
+from relax_hpc.plugins import PluginError, Registry
 
-# Backend name -> the library the job's interpreter must be able to import.
-TRAINER_BACKEND_LIBRARIES = {"torch": "torch", "megatron": "megatron.core"}
-ROLLOUT_BACKEND_LIBRARIES = {"transformers": "transformers", "sglang": "sglang"}
 FILE_KINDS = ("jsonl", "parquet")
 # What the trainer and the engines carry today (images: issue #28); audio comes next.
 RUNNABLE_MODALITIES = ("text", "vision", "audio", "omni")
@@ -53,6 +50,7 @@ MEGATRON_ARCHITECTURES = ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM")
 
 def resolve_names(cfg: RunConfig, check_paths: bool = False) -> None:
     """Raise ``ConfigError`` for the first name in ``cfg`` that resolves to nothing."""
+    resolve_plugins(cfg)
     resolve_reward_parts(cfg)
     resolve_environment_name(cfg, check_paths)
     resolve_algorithm(cfg)
@@ -313,22 +311,37 @@ def runs_with_this_interpreter(cfg: RunConfig) -> bool:
     return bool(python) and os.path.abspath(python) == os.path.abspath(sys.executable)
 
 
+def plugin_registries(cfg: RunConfig) -> list[tuple[Registry, str]]:
+    """(registry, the name the config gives it) for every plug-in the run builds."""
+    from relax_hpc.rollout.engines.registry import ENGINES, JUDGE_ENGINES
+    from relax_hpc.trainer.registry import TRAINER_BACKENDS
+
+    named = [(TRAINER_BACKENDS, cfg.trainer.backend), (ENGINES, cfg.rollout.backend)]
+    if cfg.judge is not None:
+        named.append((JUDGE_ENGINES, cfg.judge.backend))
+    return named
+
+
+def resolve_plugins(cfg: RunConfig) -> None:
+    """Each backend a built-in or an importable ``module:name`` (a built-in is not imported:
+    its library may exist only where the job runs)."""
+    for registry, spec in plugin_registries(cfg):
+        try:
+            if registry.plugin(spec).target == spec:
+                registry.load(spec)
+        except PluginError as err:
+            raise ConfigError(err.field, str(err)) from None
+
+
 def check_backend_libraries(cfg: RunConfig) -> None:
+    """The libraries each backend needs, when the job runs with this interpreter."""
     if not runs_with_this_interpreter(cfg):
         return  # another interpreter (or one set up by cluster.setup): nothing to ask here
-    for field, backend, libraries in (
-        ("trainer.backend", cfg.trainer.backend, TRAINER_BACKEND_LIBRARIES),
-        ("rollout.backend", cfg.rollout.backend, ROLLOUT_BACKEND_LIBRARIES),
-    ):
-        library = libraries[backend]
-        if importlib.util.find_spec(library.split(".")[0]) is None or (
-            "." in library and importlib.util.find_spec(library) is None
-        ):
-            raise ConfigError(
-                field,
-                f"{backend} needs {library}, which {sys.executable} cannot import; install "
-                'the GPU stack (pip install -e ".[gpu]", see README) or choose another backend',
-            )
+    for registry, spec in plugin_registries(cfg):
+        try:
+            registry.check_libraries(spec, sys.executable)
+        except PluginError as err:
+            raise ConfigError(err.field, str(err)) from None
 
 
 def check_interpreter(cfg: RunConfig) -> None:

@@ -24,10 +24,8 @@ MISSING: Any = "???"  # OmegaConf's marker for a required value
 MODES = ("sync", "hybrid", "async")
 MODALITIES = ("text", "vision", "audio", "omni")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
-TRAINER_BACKENDS = ("torch", "megatron")
 # How Megatron's distributed optimizer writes checkpoints (trainer/megatron/layout.py).
 MEGATRON_CHECKPOINT_FORMATS = ("dp_reshardable", "fully_reshardable")
-ROLLOUT_BACKENDS = ("transformers", "sglang")
 # rollout: the judge's engine runs in each rollout worker, on its devices | component: the
 # judge is a component of its own (own nodes), reached over HTTP through the run directory
 JUDGE_PLACEMENTS = ("rollout", "component")
@@ -75,7 +73,8 @@ class ParallelConfig:
 
 @dataclass
 class TrainerConfig:
-    backend: str = "torch"  # torch (CPU or GPU, FSDP2) | megatron (GPU)
+    # torch (CPU or GPU, FSDP2) | megatron (GPU) | package.module:Class (trainer/registry.py)
+    backend: str = "torch"
     nodes: int = 1
     gpus_per_node: int = 0  # 0 = CPU training
     processes_per_node: int = 1  # CPU only; on GPU one process per GPU
@@ -117,7 +116,9 @@ class ToolSandboxConfig:
 
 @dataclass
 class RolloutConfig:
-    backend: str = "transformers"  # transformers (CPU or one GPU) | sglang (GPU)
+    # transformers (CPU or one GPU) | sglang (GPU) | package.module:Builder
+    # (rollout/engines/registry.py)
+    backend: str = "transformers"
     nodes: int = 1
     gpus_per_node: int = 0
     workers_per_node: int = 1  # CPU only; on GPU one engine per tensor-parallel group
@@ -173,7 +174,9 @@ class JudgeConfig:
     # first, cached like the policy's warm start (relax_hpc/models/verifier_warmstart.py)
     warm_start: str = "none"
     placement: str = "rollout"  # rollout | component (see JUDGE_PLACEMENTS)
-    backend: str = "transformers"  # transformers (CPU or one GPU) | sglang (GPU)
+    # transformers (CPU or one GPU) | sglang (GPU) | package.module:Builder
+    # (rollout/engines/registry.py)
+    backend: str = "transformers"
     template: str = "correctness"  # a built-in template name, or text with {response}
     apply_chat_template: bool = True  # wrap the filled template as a user message
     verdict: str = "yes_no"  # yes_no | score | letter

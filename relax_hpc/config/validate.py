@@ -23,8 +23,6 @@ from relax_hpc.config.schema import (
     MODALITIES,
     MODES,
     RESUME_CHOICES,
-    ROLLOUT_BACKENDS,
-    TRAINER_BACKENDS,
     ModelConfig,
     RunConfig,
     TrainerConfig,
@@ -68,13 +66,11 @@ def _check_choices(cfg: RunConfig) -> None:
     _choice("resume", cfg.resume, RESUME_CHOICES)
     _choice("model.modality", cfg.model.modality, MODALITIES)
     _choice("model.dtype", cfg.model.dtype, DTYPES)
-    _choice("trainer.backend", cfg.trainer.backend, TRAINER_BACKENDS)
     _choice(
         "trainer.megatron_checkpoint_format",
         cfg.trainer.megatron_checkpoint_format,
         MEGATRON_CHECKPOINT_FORMATS,
     )
-    _choice("rollout.backend", cfg.rollout.backend, ROLLOUT_BACKENDS)
     _choice("data.kind", cfg.data.kind, DATA_KINDS)
     _choice("cluster.kind", cfg.cluster.kind, CLUSTER_KINDS)
 

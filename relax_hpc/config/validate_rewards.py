@@ -15,7 +15,6 @@ from relax_hpc.config.schema import (
     JUDGE_PLACEMENTS,
     JUDGE_VERDICTS,
     JUDGE_WARM_STARTS,
-    ROLLOUT_BACKENDS,
     JudgeConfig,
     RunConfig,
 )
@@ -45,7 +44,6 @@ def check_rewards(cfg: RunConfig) -> None:
 def check_judge(judge: JudgeConfig, cfg: RunConfig) -> None:
     for name, value, allowed in (
         ("placement", judge.placement, JUDGE_PLACEMENTS),
-        ("backend", judge.backend, ROLLOUT_BACKENDS),
         ("verdict", judge.verdict, JUDGE_VERDICTS),
         ("warm_start", judge.warm_start, JUDGE_WARM_STARTS),
         ("model.dtype", judge.model.dtype, DTYPES),

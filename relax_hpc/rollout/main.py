@@ -10,32 +10,24 @@ import logging
 import time
 
 import torch
-from transformers.tokenization_utils_base import PreTrainedTokenizerBase
 
 from relax_hpc.checkpoint.stop import StopFlag
 from relax_hpc.config import RunConfig
 from relax_hpc.data.datasets import build_dataset
 from relax_hpc.data.sampler import PromptSampler
 from relax_hpc.media.processor import MediaProcessor
-from relax_hpc.models.build import build_causal_lm, build_tokenizer, resolve_dtype
-from relax_hpc.models.media_policy import (
-    build_media_policy,
-    is_media_model,
-    media_warm_start_task,
-)
 from relax_hpc.observe.metrics import MetricsLogger
 from relax_hpc.paths import RunPaths, atomic_write_json
 from relax_hpc.rollout.assignment import GroupAssignment, WorkerHeartbeat, worker_name
 from relax_hpc.rollout.engines.base import Engine, GenerationRequest, SamplingParams
-from relax_hpc.rollout.engines.media_engine import MediaTransformersEngine, media_request
-from relax_hpc.rollout.engines.sglang_engine import SGLangEngine
-from relax_hpc.rollout.engines.transformers_engine import TransformersEngine
+from relax_hpc.rollout.engines.builder import PolicyEngine, colocated, engine_builder
+from relax_hpc.rollout.engines.media_engine import media_request
 from relax_hpc.rollout.episodes import EpisodeRollout, build_episode_rollout
 from relax_hpc.rollout.loop import RolloutSettings, RolloutWorker
 from relax_hpc.rollout.rewards.compose import CompositeScorer
 from relax_hpc.rollout.rewards.scorer import ScoreItem
 from relax_hpc.rollout.rewards.services import RewardContext, build_scorer
-from relax_hpc.rollout.sglang_weights import SGLangDistributedTarget, SGLangWeightLoader
+from relax_hpc.rollout.sglang_weights import SGLangDistributedTarget
 from relax_hpc.runtime import TaskIdentity
 from relax_hpc.spool import ShardWriter
 from relax_hpc.spool.layout import SpoolLayout
@@ -48,7 +40,6 @@ from relax_hpc.weightsync.receiver import LoadFn
 
 log = logging.getLogger(__name__)
 POLL_S = 0.5
-SGLANG_BASE_PORT = 30000  # SGLang's default; engine k of a node offsets it
 
 
 class EngineWeights:
@@ -118,71 +109,10 @@ def engine_device(cfg: RunConfig, identity: TaskIdentity) -> torch.device:
     return torch.device("cuda", identity.local_rank * cfg.rollout.engine_tensor_parallel)
 
 
-def build_engine(
-    cfg: RunConfig, device: torch.device
-) -> tuple[Engine, PreTrainedTokenizerBase, MediaProcessor | None]:
-    """``rollout.backend``: ``sglang`` (GPU, one engine per TP group) or ``transformers``;
-    for a model that reads images (``model.modality``) its ``MediaProcessor`` too (the
-    tokenizer is then the processor's), else None."""
-    if cfg.rollout.backend == "sglang":
-        engine = build_sglang_engine(cfg, device.index or 0)
-        processor = engine.media_processor
-        return engine, processor.tokenizer if processor else build_tokenizer(cfg.model), processor
-    dtype = resolve_dtype(cfg.model.dtype, device)
-    if is_media_model(cfg.model):
-        model, processor = build_media_policy(
-            cfg.model, dtype, seed=cfg.seed, warm_start_task=media_warm_start_task(cfg.data)
-        )
-        return MediaTransformersEngine(model.to(device), processor), processor.tokenizer, processor
-    tokenizer = build_tokenizer(cfg.model)
-    model = build_causal_lm(cfg.model, tokenizer, dtype, seed=cfg.seed)
-    return TransformersEngine(model.to(device), tokenizer), tokenizer, None
-
-
-def build_sglang_engine(cfg: RunConfig, first_gpu: int) -> SGLangEngine:
-    if cfg.model.path is None:
-        raise ValueError(
-            "rollout.backend=sglang needs model.path (a local Hugging Face folder); "
-            "built-in models (model.arch) run with rollout.backend=transformers"
-        )
-    serve_dtype = resolve_dtype(cfg.model.dtype, "cuda")  # model.dtype on a GPU: auto = bf16
-    media = MediaProcessor.from_pretrained(cfg.model.path) if is_media_model(cfg.model) else None
-    return SGLangEngine(
-        cfg.model.path,
-        tensor_parallel=cfg.rollout.engine_tensor_parallel,
-        mem_fraction=cfg.rollout.engine_mem_fraction,
-        dtype=str(serve_dtype).removeprefix("torch."),
-        seed=cfg.seed,
-        memory_saver=colocated(cfg),  # releases its memory while the trainer trains
-        # several engines on one node: each its own GPUs and its own ports
-        extra_server_args={
-            "base_gpu_id": first_gpu,
-            "port": SGLANG_BASE_PORT + 16 * first_gpu,
-            # else SGLang picks port + a random 100..1000: engines 16 ports apart could clash
-            "nccl_port": SGLANG_BASE_PORT + 16 * first_gpu + 1,
-        },
-        media_processor=media,
-    )
-
-
-def colocated(cfg: RunConfig) -> bool:
-    """``mode=sync``: the roles time-share devices, so the engine releases its memory
-    between batches (``RolloutWorker``) and takes it back before it generates."""
-    return cfg.mode == "sync"
-
-
-def engine_loader(engine: Engine, paths: RunPaths) -> tuple[LoadFn, int | None]:
-    """The receiver's ``load_fn`` for ``engine``, and the verified version it already holds.
-
-    SGLang starts from the newest published ``weights/v{N}/`` read by SGLang itself;
-    the transformers engine gets every version through the receiver. Both engines take
-    back released memory before they load.
-    """
-    if isinstance(engine, SGLangEngine):
-        loader = SGLangWeightLoader(engine)
-        return loader, loader.load_latest_published(paths)
-    assert isinstance(engine, TransformersEngine)
-    return engine.load_weights, None
+def build_engine(cfg: RunConfig, device: torch.device) -> PolicyEngine:
+    """The engine ``rollout.backend`` names (``engines/registry.py``), its tokenizer and, for
+    a model that reads images or audio (``model.modality``), its ``MediaProcessor``."""
+    return engine_builder(cfg.rollout.backend).build_policy(cfg, device)
 
 
 def build_receiver(
@@ -337,8 +267,9 @@ def run_rollout(cfg: RunConfig, paths: RunPaths, identity: TaskIdentity) -> int:
         drained = any(path.exists() for path in drains)
         return stop.local_request() or trainer_done.exists() or drained
 
-    engine, tokenizer, processor = build_engine(cfg, device)
-    load, loaded_version = engine_loader(engine, paths)
+    builder = engine_builder(cfg.rollout.backend)
+    engine, tokenizer, processor = builder.build_policy(cfg, device)
+    load, loaded_version = builder.weight_loader(engine, paths)
     receiver = build_receiver(cfg, paths, identity, engine, loaded_version)
     weights = EngineWeights(receiver, engine, load)
     # Built before joining: a judge's warm start overlaps the trainer's start-up. With an

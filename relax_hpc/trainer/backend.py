@@ -8,13 +8,13 @@ networks from Hugging Face ones, the data-parallel layout the update splits rows
 policy's weights to publish, its entries of a checkpoint, the final export.
 
 Backends: ``torch_backend.TorchBackend`` (transformers models, FSDP2) and
-``megatron.backend.MegatronBackend`` (Megatron-core, TP/PP/CP/EP). ``make_backend`` is the
-one place that tells them apart. Neither owns the loop, the loss, the spool or weight sync.
+``megatron.backend.MegatronBackend`` (Megatron-core, TP/PP/CP/EP), listed in
+``registry.py``; ``make_backend`` builds the one a config names. Neither owns the loop,
+the loss, the spool or weight sync.
 """
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,6 +26,7 @@ from torch import Tensor
 from relax_hpc.checkpoint.stateful import Stateful
 from relax_hpc.config.schema import TrainerConfig
 from relax_hpc.trainer.batch import TrainBatch
+from relax_hpc.trainer.registry import TRAINER_BACKENDS
 
 # (micro-batch index, [B, T] log-probs, [B, T] entropies) -> (loss, metrics)
 MicroLossFn = Callable[[int, Tensor, Tensor], tuple[Tensor, dict[str, Tensor]]]
@@ -153,19 +154,11 @@ class BackendBase:
         return self._nets
 
 
-# trainer.backend -> "module:class"; imported only when chosen (megatron is GPU-only).
-BACKENDS = {
-    "torch": "relax_hpc.trainer.torch_backend:TorchBackend",
-    "megatron": "relax_hpc.trainer.megatron.backend:MegatronBackend",
-}
-
-
 def make_backend(
     trainer: TrainerConfig, device: torch.device, dtype: torch.dtype, rank: int, world_size: int
 ) -> TrainerBackend:
-    """The backend ``trainer.backend`` names, for this rank of the trainer."""
-    module, name = BACKENDS[trainer.backend].split(":")
-    backend_class = getattr(importlib.import_module(module), name)
+    """The backend ``trainer.backend`` names (``registry.TRAINER_BACKENDS``), for this rank."""
+    backend_class = TRAINER_BACKENDS.load(trainer.backend)
     return backend_class(trainer, device, dtype, rank, world_size)
 
 

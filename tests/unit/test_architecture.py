@@ -79,6 +79,7 @@ def test_only_entry_points_import_launch_and_submit():
 LEAVES = {
     "paths.py": (),
     "exitcodes.py": (),
+    "plugins.py": (),  # the module:name resolver every registry shares
     "config": ("relax_hpc.paths",),
     "algo": ("relax_hpc.config.algo",),  # its own config dataclass
 }

@@ -12,13 +12,14 @@ from relax_hpc import submit
 from relax_hpc.config import ConfigError, load_run_config, validate_run_config
 from relax_hpc.config.compose import compose_run_config
 from relax_hpc.launch.examples import experiment_names
+from relax_hpc.plugins import Plugin
 from relax_hpc.resolve import (
-    ROLLOUT_BACKEND_LIBRARIES,
     check_backend_libraries,
     check_modality,
     resolve_names,
     reward_part_fields,
 )
+from relax_hpc.rollout.engines.registry import ENGINES
 from relax_hpc.rollout.rewards import REWARDS
 from relax_hpc.rollout.rewards.registry import JUDGE, REWARD_MODEL, part_kind
 
@@ -178,10 +179,12 @@ def test_python_math_checks_that_programs_can_run_without_network(monkeypatch):
 
 def test_a_backend_whose_library_the_interpreter_lacks_is_refused(monkeypatch):
     cfg = compose_run_config(["+experiment=grpo_qwen3", f"cluster.python={sys.executable}"])
-    monkeypatch.setitem(ROLLOUT_BACKEND_LIBRARIES, "sglang", "relax_hpc_no_such_library")
+    absent = Plugin(ENGINES.plugins["sglang"].target, ("relax_hpc_no_such_library",), "gpu")
+    monkeypatch.setitem(ENGINES.plugins, "sglang", absent)
     with pytest.raises(ConfigError) as err:
         check_backend_libraries(cfg)
     assert err.value.field == "rollout.backend" and ".[gpu]" in str(err.value)
+    assert "sglang needs relax_hpc_no_such_library" in str(err.value)
     other = compose_run_config(["+experiment=grpo_qwen3", "cluster.python=/opt/other/python"])
     check_backend_libraries(other)  # another interpreter: nothing known here, nothing refused
 

@@ -11,25 +11,30 @@ Must not: build environments or start tools (that is the rollout's job, at start
 
 from __future__ import annotations
 
-import importlib
 import inspect
 from collections.abc import Mapping
 from typing import Any
 
+from relax_hpc.plugins import Plugin, PluginError, Registry
 from relax_hpc.rollout.envs.base import EnvRuntime
 
-BUILTIN_ENVIRONMENTS: dict[str, str] = {
-    "brighter": "relax_hpc.rollout.envs.brighter:BrighterEnv",
-    "calculator": "relax_hpc.rollout.envs.calculator:CalculatorEnv",
-    "guess_number": "relax_hpc.rollout.envs.guess_number:GuessNumberEnv",
-    "python_math": "relax_hpc.rollout.envs.python_math:PythonMathEnv",
-}
 FIELD = "rollout.environment"
+ENVIRONMENTS = Registry(
+    FIELD,
+    "environment",
+    {
+        "brighter": Plugin("relax_hpc.rollout.envs.brighter:BrighterEnv"),
+        "calculator": Plugin("relax_hpc.rollout.envs.calculator:CalculatorEnv"),
+        "guess_number": Plugin("relax_hpc.rollout.envs.guess_number:GuessNumberEnv"),
+        "python_math": Plugin("relax_hpc.rollout.envs.python_math:PythonMathEnv"),
+    },
+)
+BUILTIN_ENVIRONMENTS = ENVIRONMENTS.names()
 
 
 def resolve_environment(spec: str, options: Mapping[str, Any] | None = None) -> type:
     """The environment class of ``spec``; ``options`` are checked against its ``Options``."""
-    cls = _import_class(BUILTIN_ENVIRONMENTS.get(spec, spec), spec)
+    cls = _import_class(spec)
     missing = [name for name in ("reset", "step") if not callable(getattr(cls, name, None))]
     if missing:
         raise ValueError(
@@ -53,23 +58,9 @@ def resolve_environment(spec: str, options: Mapping[str, Any] | None = None) -> 
     return cls
 
 
-def _import_class(path: str, spec: str) -> type:
-    module_name, sep, class_name = path.partition(":")
-    if not sep or not module_name or not class_name:
-        raise ValueError(
-            f"{FIELD}: {spec!r} is not a built-in environment "
-            f"({', '.join(sorted(BUILTIN_ENVIRONMENTS))}); user environments are written as "
-            "package.module:Class"
-        )
+def _import_class(spec: str) -> type:
+    """The class a built-in name or ``package.module:Class`` stands for."""
     try:
-        module = importlib.import_module(module_name)
-    except Exception as error:  # ImportError, or the module itself failing as it loads
-        raise ValueError(
-            f"{FIELD}: cannot import {module_name!r} for {spec!r} ({type(error).__name__}: "
-            f"{error}); make it importable on the rollout nodes (e.g. PYTHONPATH in "
-            "cluster.setup) or fix the name"
-        ) from None
-    cls = getattr(module, class_name, None)
-    if not isinstance(cls, type):
-        raise ValueError(f"{FIELD}: {module_name} has no class {class_name!r}")
-    return cls
+        return ENVIRONMENTS.load(spec)
+    except PluginError as err:
+        raise ValueError(str(err)) from None

@@ -11,9 +11,9 @@ Must not: import torch, the engines or the trainer.
 from __future__ import annotations
 
 import functools
-import importlib
 from typing import TYPE_CHECKING
 
+from relax_hpc.plugins import PluginError, import_object
 from relax_hpc.rollout.rewards.builtin import (
     boxed_math_reward,
     dapo_math_reward,
@@ -57,23 +57,10 @@ def resolve_reward(spec: str) -> RewardFn:
             f"rollout.reward: {spec!r} is not a built-in reward (known: {', '.join(REWARDS)}); "
             "use one of them, or your own function as module:function"
         )
-    module_name, _, function_name = spec.partition(":")
     try:
-        module = importlib.import_module(module_name)
-    except Exception as error:  # ImportError, or the module itself failing as it loads
-        raise RewardNameError(
-            f"rollout.reward: cannot import {module_name!r} for {spec!r} "
-            f"({type(error).__name__}: {error}); make the "
-            "module importable where the job runs (e.g. PYTHONPATH in cluster.setup) or fix "
-            "the name"
-        ) from None
-    function = getattr(module, function_name, None)
-    if not callable(function):
-        raise RewardNameError(
-            f"rollout.reward: {module_name} has no function {function_name!r}; fix the name "
-            f"after the colon in {spec!r}"
-        )
-    return function
+        return import_object(spec, "rollout.reward", "function")
+    except PluginError as err:
+        raise RewardNameError(str(err)) from None
 
 
 # What a reward part name stands for (config/rewards.py says how names are looked up).

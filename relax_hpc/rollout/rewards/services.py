@@ -26,8 +26,6 @@ from relax_hpc.rollout.rewards.result import BatchScorer
 from relax_hpc.rollout.rewards.scorer import RewardScorer
 
 log = logging.getLogger(__name__)
-SGLANG_BASE_PORT = 30000  # as the policy engine's (rollout/main.py); the judge's sit above
-JUDGE_PORT_OFFSET = 8  # engine k of a node: the policy at base + 16k, its judge at + 8
 
 
 @dataclass(frozen=True)
@@ -187,26 +185,20 @@ def judge_model_config(judge: JudgeConfig, context: RewardContext) -> ModelConfi
 
 
 def build_judge_engine_scorer(judge: JudgeConfig, context: RewardContext):
+    """The judge's engine (``judge.backend``, an engine of ``engines/registry.py``) here."""
     import torch
 
-    from relax_hpc.models.build import build_causal_lm, build_tokenizer, resolve_dtype
+    from relax_hpc.models.build import build_tokenizer
+    from relax_hpc.rollout.engines.builder import judge_engine_builder
     from relax_hpc.rollout.rewards.judge import JudgeScorer
     from relax_hpc.rollout.rewards.verdicts import build_verdict, template_text
 
     model_cfg = judge_model_config(judge, context)
     tokenizer = build_tokenizer(model_cfg)
-    device = torch.device(context.device)
-    if judge.backend == "sglang":
-        engine = build_sglang_judge_engine(judge, model_cfg, device, context.seed)
-        max_positions = None  # SGLang rejects an over-long prompt itself (a failed batch)
-    else:
-        from relax_hpc.rollout.engines.transformers_engine import TransformersEngine
-
-        dtype = resolve_dtype(model_cfg.dtype, device)
-        model = build_causal_lm(model_cfg, tokenizer, dtype, seed=context.seed)
-        model.requires_grad_(False)  # frozen: never trained, never synced
-        engine = TransformersEngine(model.to(device), tokenizer, max_batch_size=judge.batch_size)
-        max_positions = getattr(model.config, "max_position_embeddings", None)
+    builder = judge_engine_builder(judge.backend)
+    engine, max_positions = builder.build_judge(
+        judge, model_cfg, tokenizer, torch.device(context.device), context.seed
+    )
     return JudgeScorer(
         engine,
         tokenizer,
@@ -216,21 +208,4 @@ def build_judge_engine_scorer(judge: JudgeConfig, context: RewardContext):
         batch_size=judge.batch_size,
         apply_chat_template=judge.apply_chat_template,
         max_prompt_tokens=max_positions - judge.max_new_tokens if max_positions else None,
-    )
-
-
-def build_sglang_judge_engine(judge: JudgeConfig, model_cfg: ModelConfig, device, seed: int):
-    """An SGLang engine for the judge on the GPUs of the rollout's engine (``device``)."""
-    from relax_hpc.models.build import resolve_dtype
-    from relax_hpc.rollout.engines.sglang_engine import SGLangEngine
-
-    first_gpu = device.index or 0
-    port = SGLANG_BASE_PORT + 16 * first_gpu + JUDGE_PORT_OFFSET
-    return SGLangEngine(
-        str(model_cfg.path),
-        tensor_parallel=judge.engine_tensor_parallel,
-        mem_fraction=judge.engine_mem_fraction,
-        dtype=str(resolve_dtype(model_cfg.dtype, "cuda")).removeprefix("torch."),
-        seed=seed,
-        extra_server_args={"base_gpu_id": first_gpu, "port": port, "nccl_port": port + 1},
     )

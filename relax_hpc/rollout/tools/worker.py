@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import importlib
 import json
 import os
 import pickle
@@ -25,6 +24,8 @@ import sys
 from collections.abc import Callable, Sequence
 from multiprocessing.connection import Connection
 from typing import Any
+
+from relax_hpc.plugins import import_object
 
 # What a call can end as. The environment adds "invalid" (a malformed call) and
 # "unknown_tool"; every status but "ok" counts as a tool error in the metrics.
@@ -47,18 +48,7 @@ class ToolFailure(Exception):
 
 def resolve_tool_function(ref: str) -> Callable[..., Any]:
     """``"package.module:function"`` -> the function; ValueError naming what is wrong."""
-    module_name, sep, qualname = ref.partition(":")
-    if not sep or not module_name or not qualname:
-        raise ValueError(f"tool function {ref!r}: write it as package.module:function")
-    try:
-        target: Any = importlib.import_module(module_name)
-    except ImportError as error:
-        raise ValueError(f"tool function {ref!r}: cannot import {module_name} ({error})") from None
-    for part in qualname.split("."):
-        target = getattr(target, part, None)
-    if not callable(target):
-        raise ValueError(f"tool function {ref!r}: {module_name} has no function {qualname!r}")
-    return target
+    return import_object(ref, "tool function", "function")
 
 
 def call_tool(

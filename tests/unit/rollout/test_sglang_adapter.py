@@ -16,9 +16,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from relax_hpc.config.schema import ModelConfig, RunConfig
+from relax_hpc.config.schema import JudgeConfig, ModelConfig, RunConfig
 from relax_hpc.paths import RunPaths
 from relax_hpc.rollout.engines.base import GenerationRequest, SamplingParams, sample_seed
+from relax_hpc.rollout.engines.builder import engine_builder, judge_engine_builder
 from relax_hpc.rollout.engines.sglang_adapter import (
     SGLangAborted,
     SGLangCallFailed,
@@ -33,7 +34,7 @@ from relax_hpc.rollout.engines.sglang_adapter import (
 )
 from relax_hpc.rollout.engines.sglang_engine import SGLangEngine
 from relax_hpc.rollout.engines.transformers_engine import TransformersEngine
-from relax_hpc.rollout.main import build_engine, engine_loader
+from relax_hpc.rollout.main import build_engine
 from relax_hpc.rollout.sglang_weights import SGLangWeightLoader
 from relax_hpc.weightsync import fs_export, protocol
 
@@ -345,7 +346,7 @@ def test_loader_refuses_a_corrupt_export(tmp_path, sglang_stand_in):
     assert engine.policy_version == 0
 
 
-# --- wiring in rollout/main.py -------------------------------------------------------------------
+# --- engine builders (rollout/engines/*_builder.py) -------------------------------------------------------------------
 TINY_ARCH = {
     "hidden_size": 16,
     "intermediate_size": 32,
@@ -371,6 +372,7 @@ def test_build_engine_picks_sglang_from_rollout_backend(monkeypatch, tmp_path):
     assert launched[0]["mem_fraction_static"] == cfg.rollout.engine_mem_fraction
     assert launched[0]["dtype"] == "bfloat16"  # model.dtype auto on a GPU
     assert launched[0]["enable_memory_saver"] is False  # async: the engine keeps its GPUs
+    assert (launched[0]["port"], launched[0]["nccl_port"]) == (30000, 30001)  # engine 0's
     cfg.mode = "sync"  # time-shares the trainer's GPUs: releases its memory between batches
     build_engine(cfg, torch.device("cpu"))
     assert launched[1]["enable_memory_saver"] and launched[1]["enable_weights_cpu_backup"]
@@ -383,8 +385,25 @@ def test_transformers_backend_keeps_copying_received_tensors_into_the_model(tmp_
     cfg = RunConfig(model=ModelConfig(name="t", tokenizer="char", arch=TINY_ARCH))
     engine, *_ = build_engine(cfg, torch.device("cpu"))
     assert isinstance(engine, TransformersEngine)
-    load, loaded_version = engine_loader(engine, RunPaths(tmp_path).create())
+    loader = engine_builder(cfg.rollout.backend).weight_loader
+    load, loaded_version = loader(engine, RunPaths(tmp_path).create())
     assert loaded_version is None  # every version comes through the receiver
     norm = torch.full_like(engine.model.state_dict()["model.norm.weight"], 0.5)
     load({"model.norm.weight": norm})
     assert torch.equal(engine.model.state_dict()["model.norm.weight"], norm)
+
+
+def test_an_sglang_judge_serves_on_its_engines_gpus_eight_ports_above(monkeypatch, tmp_path):
+    from relax_hpc.rollout.engines import sglang_engine
+
+    launched: list[dict] = []
+    monkeypatch.setattr(sglang_engine, "_launch_sglang", lambda **a: launched.append(a) or a)
+    monkeypatch.setattr(sglang_engine, "_sampling_seed_supported", lambda: True)
+    model = ModelConfig(name="j", path=str(tmp_path), tokenizer="char")
+    judge = JudgeConfig(model=model, backend="sglang", engine_tensor_parallel=2)
+    builder = judge_engine_builder(judge.backend)
+    engine, max_positions = builder.build_judge(judge, model, None, torch.device("cuda", 2), 0)
+    assert isinstance(engine, SGLangEngine) and max_positions is None  # SGLang refuses itself
+    assert launched[0]["base_gpu_id"] == 2 and launched[0]["tp_size"] == 2
+    assert (launched[0]["port"], launched[0]["nccl_port"]) == (30040, 30041)  # 30000+16*2+8
+    assert launched[0]["mem_fraction_static"] == judge.engine_mem_fraction
