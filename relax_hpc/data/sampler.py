@@ -88,9 +88,15 @@ class PromptSampler(Generic[Record]):
             )
         if not 0 <= state["position"] <= len(self.dataset):
             raise ValueError(f"sampler state position {state['position']} is out of range")
+        same_order = (int(state["seed"]), bool(state["shuffle"]), int(state["epoch"])) == (
+            self.seed,
+            self.shuffle,
+            self.epoch,
+        )
         self.seed, self.shuffle = int(state["seed"]), bool(state["shuffle"])
         self.epoch, self.position = int(state["epoch"]), int(state["position"])
-        self._order = None
+        if not same_order:  # the rollout seeks to every group: keep the epoch's permutation
+            self._order = None
 
     def _epoch_order(self) -> list[int]:
         if self._order is None:

@@ -2,8 +2,9 @@
 
 Our own decoding loop over ``model(..., past_key_values=cache)`` rather than
 ``model.generate``, because the random draws must belong to the sample, not to the batch:
-each request gets a CPU ``torch.Generator`` seeded by ``sample_seed(seed, sample_id)`` and
-draws exactly one uniform per generated token, which picks the token by inverse CDF over the
+each request gets a CPU ``torch.Generator`` seeded by ``sample_seed(seed, sample_id)``, and
+its token ``t`` is picked by its generator's ``t``-th float64 uniform (all drawn up front,
+one call per request), by inverse CDF over the
 (temperature-scaled, top-k/top-p-truncated) distribution in float64. A rerun of the same
 ``sample_id`` therefore regenerates the same completion whatever the batch order or size
 (up to float round-off in the logits, which would have to land within ~1e-7 of a CDF
@@ -125,20 +126,15 @@ class TransformersEngine(Engine):
         input_ids_BL, mask_BL = self._left_pad([r.prompt_ids for r in requests])
         cache = DynamicCache()
         logits_BV, next_position_B = self._prefill(requests, input_ids_BL, mask_BL, cache)
-        generators = [
-            torch.Generator().manual_seed(sample_seed(params.seed, r.sample_id)) for r in requests
-        ]
+        uniforms_BT = None if params.greedy else _uniforms(requests, params)
         tokens = [[] for _ in requests]
         logprobs = [[] for _ in requests]
         finished: dict[int, tuple[str, str | None]] = {}
         active = list(range(len(requests)))  # request index of each batch row
         for step in range(params.max_new_tokens):
             uniforms_A = None
-            if not params.greedy:
-                draws = [
-                    torch.rand((), generator=generators[i], dtype=torch.float64) for i in active
-                ]
-                uniforms_A = torch.stack(draws).to(logits_BV.device)
+            if uniforms_BT is not None:
+                uniforms_A = uniforms_BT[active, step].to(logits_BV.device)
             token_A, logprob_A = pick_tokens(logits_BV, params, uniforms_A)
             keep = []
             for row, (i, token, logprob) in enumerate(
@@ -232,6 +228,22 @@ class TransformersEngine(Engine):
                 if stop in tail:
                     return "stop", stop
         return ("length", None) if last_step else None
+
+
+def _uniforms(requests: Sequence[GenerationRequest], params: SamplingParams) -> Tensor:
+    """Each request's uniforms for its tokens 0 .. max_new_tokens - 1, one row per request,
+    from its own generator. Drawn up front, in one call per request: a CPU generator draws
+    float64 uniforms one after another, so row i holds exactly the numbers that one draw
+    per generated token would give (``test_uniforms_drawn_up_front_are_the_per_token_draws``)."""
+    rows = [
+        torch.rand(
+            params.max_new_tokens,
+            generator=torch.Generator().manual_seed(sample_seed(params.seed, r.sample_id)),
+            dtype=torch.float64,
+        )
+        for r in requests
+    ]
+    return torch.stack(rows)
 
 
 def pick_tokens(

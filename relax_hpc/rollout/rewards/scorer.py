@@ -2,7 +2,8 @@
 
 A reward that raises, or runs past ``rollout.reward_timeout_s``, scores 0 with the reason in
 ``RewardResult.failed``; the worker keeps going. ``RewardScorer`` runs rewards in a child
-process (forkserver) so that a hung reward can be killed.
+process (forkserver) so that a hung reward can be killed; the few built-ins that cannot
+hang (``IN_PROCESS_REWARDS``) score in the caller's process.
 
 Must not: import torch, the engines or the trainer; rewards see text, not tokens.
 """
@@ -27,6 +28,14 @@ log = logging.getLogger(__name__)
 # stop signal sent to the task's whole process group reaches the idle worker too) leaves
 # that lock taken forever. close() gives terminate() this long, then kills the workers.
 CLOSE_TIMEOUT_S = 5.0
+
+# Built-in rewards that score in the caller's process even with a timeout: their time is
+# linear in the completion (a strip and a compare; no regular expression that can
+# backtrack, no parser, no import), they cannot hang or crash the interpreter, and an
+# exception is recorded as a failed reward as in the child. The child's round trip (the
+# pool's three threads, pickling each sample, a wake-up per result) cost more CPU per step
+# than scoring itself. Every other reward (math-verify, regexes, user code) keeps the child.
+IN_PROCESS_REWARDS = frozenset({"exact_match"})
 
 # Not SIGTERM: Pool.terminate() stops a hung reward with it (and a TERM from Slurm ends
 # the whole step anyway).
@@ -94,7 +103,8 @@ class RewardScorer:
     The child runs the samples of a batch in order, so each sample gets ``timeout_s`` from
     the moment the previous one finished. On a timeout the child is killed, the sample is
     recorded as failed, and the rest of the batch goes to a fresh child.
-    ``timeout_s=None`` scores in this process (no isolation, no timeout; tests, debugging).
+    ``timeout_s=None`` scores in this process (no isolation, no timeout; tests, debugging),
+    and so does a reward of ``IN_PROCESS_REWARDS`` (it cannot hang).
     """
 
     def __init__(self, spec: str, timeout_s: float | None = 10.0) -> None:
@@ -103,8 +113,12 @@ class RewardScorer:
         self.timeout_s = timeout_s
         self._pool: Pool | None = None
 
+    @property
+    def in_process(self) -> bool:
+        return self.timeout_s is None or self.spec in IN_PROCESS_REWARDS
+
     def score(self, items: Sequence[ScoreItem]) -> list[RewardResult]:
-        if self.timeout_s is None:
+        if self.in_process:
             return [score_one(self.spec, *item) for item in items]
         results: list[RewardResult] = []
         while len(results) < len(items):

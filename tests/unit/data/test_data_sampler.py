@@ -45,3 +45,19 @@ def test_resume_on_another_dataset_is_refused():
         PromptSampler(DATASET[:4], seed=5).load_state_dict(state)
     with pytest.raises(ValueError, match="empty"):
         PromptSampler([], seed=5)
+
+
+def test_seeking_group_by_group_draws_the_stream_whatever_the_order():
+    """The rollout seeks to each group's position (load_state_dict) before drawing it; the
+    cached permutation of an epoch must never leak into another epoch or seed."""
+    stream = PromptSampler(DATASET, seed=3).take(35)
+    sampler = PromptSampler(DATASET, seed=3)
+    for g in [0, 1, 12, 11, 2, 34, 20, 9, 10, 33, 0]:
+        state = sampler.state_dict()
+        state.update(epoch=g // len(DATASET), position=g % len(DATASET))
+        sampler.load_state_dict(state)
+        assert next(sampler) == stream[g], g
+    state = sampler.state_dict()
+    state.update(seed=4, epoch=0, position=0)
+    sampler.load_state_dict(state)
+    assert sampler.take(10) == PromptSampler(DATASET, seed=4).take(10)

@@ -17,3 +17,8 @@ def hanging_reward(completion, answer, metadata):
     if completion == "hang":
         time.sleep(60)
     return len(completion)
+
+
+def user_exact_match(completion, answer, metadata):
+    """exact_match as a user's reward: unlike the built-in, it runs in the child process."""
+    return float(completion.strip() == str(answer).strip())

@@ -87,6 +87,19 @@ def test_raising_or_non_numeric_reward_is_recorded_as_failed():
     assert "non-finite" in call_reward(lambda c, a, m: "oops", "x", "y", {}).failed
 
 
+def test_a_builtin_reward_that_cannot_hang_scores_without_a_child():
+    """exact_match (IN_PROCESS_REWARDS) scores in this process even with a timeout: no
+    forkserver, no pool worker; a user's reward with the same timeout gets its child."""
+    record = PromptRecord("2+2=", [1], "4")
+    before = set(descendants(os.getpid()))  # an earlier test's forkserver lives on
+    with RewardScorer("exact_match", timeout_s=5.0) as scorer:
+        assert scorer(" 4 ", record).score == 1.0 and scorer("5", record).score == 0.0
+        assert scorer._pool is None and set(descendants(os.getpid())) <= before
+    with RewardScorer("rollout_reward_fixtures:user_exact_match", timeout_s=5.0) as scorer:
+        assert scorer(" 4 ", record).score == 1.0
+        assert scorer._pool is not None and set(descendants(os.getpid())) - before
+
+
 def test_timed_out_reward_is_killed_and_the_batch_goes_on():
     with RewardScorer("rollout_reward_fixtures:hanging_reward", timeout_s=1.0) as scorer:
         started = time.monotonic()
@@ -124,7 +137,7 @@ from relax_hpc.rollout.rewards import build_reward
 
 received = []
 signal.signal(signal.SIGUSR1, lambda *_: received.append(1))
-with build_reward("exact_match", timeout_s=5) as scorer:
+with build_reward("rollout_reward_fixtures:user_exact_match", timeout_s=5) as scorer:
     assert scorer("4", PromptRecord("2+2=", [1], "4")).score == 1.0
     children = descendants(os.getpid())
     assert len(children) >= 2, children  # the forkserver and the pool's worker

@@ -138,3 +138,19 @@ def test_bad_sampling_params():
         SamplingParams(top_k=0)
     with pytest.raises(ValueError, match="top_p"):
         SamplingParams(top_p=0.0)
+
+
+@pytest.mark.parametrize("max_new_tokens", [1, 7, 16, 300])
+def test_uniforms_drawn_up_front_are_the_per_token_draws(max_new_tokens):
+    """The engine draws each sample's uniforms in one call; token t must still get the t-th
+    draw of the sample's own generator, as one draw per token gave (resumed and redone
+    samples regenerate the same completions)."""
+    from relax_hpc.rollout.engines.base import sample_seed
+    from relax_hpc.rollout.engines.transformers_engine import _uniforms
+
+    params = SamplingParams(max_new_tokens=max_new_tokens, seed=11)
+    reqs = [GenerationRequest(f"{g}/{j}", [1]) for g in (0, 5) for j in range(3)]
+    for request, row in zip(reqs, _uniforms(reqs, params), strict=True):
+        generator = torch.Generator().manual_seed(sample_seed(11, request.sample_id))
+        one_by_one = [torch.rand((), generator=generator, dtype=torch.float64) for _ in row]
+        assert torch.equal(row, torch.stack(one_by_one)), request.sample_id
