@@ -18,7 +18,9 @@ worker as its child (the same command, with ``KEPT_VAR`` set) and:
   rollout's clients read again after a failed call;
 * gives up after that: it records ``paths.component_failure`` (the run's own workers; an
   extra pool's worker only leaves) so that this start ends as failed, not requeued, and
-  exits with the worker's code.
+  exits with the worker's code. The record and the event name the worker and its last
+  error: the one the worker recorded (``component.record_task_error``), else the last
+  line of its log that names an error.
 
 Every restart and the giving-up are events (``events/``): the run watcher turns them into
 log lines, TensorBoard scalars and ``recovered`` / ``failed`` alerts. Signals to the keeper
@@ -31,6 +33,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -39,12 +42,14 @@ from dataclasses import dataclass
 
 from relax_hpc import exitcodes
 from relax_hpc.observe.events import emit_event
-from relax_hpc.paths import RunPaths, atomic_write_json, read_json
+from relax_hpc.paths import RunPaths, atomic_write_json, read_json, tail_text
 from relax_hpc.rollout.assignment import heartbeat_path, worker_name
 from relax_hpc.runtime import KEPT_VAR, SUPERVISOR_PID_VAR, TaskIdentity
 
 FINAL_EXITS = (exitcodes.DONE, exitcodes.STOPPED, exitcodes.CONFIG_ERROR)
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
+ERROR_LINE = re.compile(r"(?i)\b(\w*error|\w*exception|fatal|killed|abort\w*)\b")
+LOG_LINES_SEARCHED = 200
 
 
 @dataclass(frozen=True)
@@ -77,6 +82,7 @@ class TaskKeeper:
             else heartbeat_path(paths.rollout_assignment_dir, worker)
         )
         self.child: subprocess.Popen | None = None
+        self.started_s = 0.0  # wall clock of the current worker's start
         self.stopping: str | None = None
         self.restarts = 0
 
@@ -97,6 +103,7 @@ class TaskKeeper:
     # --- one worker ------------------------------------------------------------------------
     def _start(self) -> None:
         env = dict(os.environ, **{KEPT_VAR: "1", SUPERVISOR_PID_VAR: str(os.getpid())})
+        self.started_s = time.time()
         self.child = subprocess.Popen(self.command, env=env, stdin=subprocess.DEVNULL)
         self._say(f"worker started (pid {self.child.pid})")
 
@@ -151,13 +158,14 @@ class TaskKeeper:
 
     def _give_up(self, code: int, why: str) -> int:
         what = "judge server" if self.role == "judge" else "rollout worker"
+        error = self.last_error()
         detail = (
             f"{what} {self.worker} {why} after {self.restarts} restart(s) in place "
-            f"({self.role}.max_restarts={self.policy.max_restarts}); its log: "
-            f"{self.paths.task_log(self.role, self._log_task())}"
+            f"({self.role}.max_restarts={self.policy.max_restarts}); last error: {error}; its "
+            f"log: {self.paths.task_log(self.role, self._log_task())}"
         )
         self._say(f"giving up: {detail}")
-        self._emit("component_gave_up", code, why, detail=detail)
+        self._emit("component_gave_up", code, why, detail=detail, last_error=error)
         if self.identity.pool is None:  # an extra pool is spare capacity: the run goes on
             record = {"restart": self.identity.restart_count, "component": self.worker}
             atomic_write_json(self.paths.component_failure, {**record, "detail": detail})
@@ -176,6 +184,20 @@ class TaskKeeper:
                 attempt=self.identity.attempt,
                 **fields,
             )
+
+    def last_error(self) -> str:
+        """The error the last worker ended with: its own record (the run's own workers record
+        it, ``component.record_task_error``), else the last log line naming an error."""
+        if self.identity.pool is None:
+            record = read_json(self.paths.task_error(self.role, self.identity.rank), default={})
+            if isinstance(record, dict) and record.get("time", 0) >= self.started_s:
+                return str(record.get("error") or "?")
+        log_path = self.paths.task_log(self.role, self._log_task())
+        lines = [line.strip() for line in tail_text(log_path, LOG_LINES_SEARCHED).splitlines()]
+        lines = [line for line in lines if line and "keeper[" not in line]
+        named = [line for line in lines if ERROR_LINE.search(line)]
+        found = (named or lines or ["none recorded"])[-1]
+        return found[:300]
 
     # --- plumbing --------------------------------------------------------------------------
     def _on_signal(self, signum: int, _frame) -> None:

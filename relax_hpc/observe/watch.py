@@ -86,8 +86,8 @@ class RunWatcher:
         if checkpoint is not None and checkpoint != self.last_checkpoint:
             self.last_checkpoint = checkpoint
             self._send("checkpoint", f"checkpoint at step {checkpoint}", self._where())
-        for what, body in self.recoveries.new(self.last_step or 0):
-            self._send("recovered", what, body + self._where())
+        for event, what, body in self.recoveries.new(self.last_step or 0):
+            self._send(event, what, body + self._where())
 
     def run(self, should_stop: Callable[[], bool]) -> None:
         while not should_stop():
@@ -143,7 +143,9 @@ class RunWatcher:
 
 class RecoveryLog:
     """The keepers' ``component_*`` events of this start: told once each, as an alert text,
-    a log line and a TensorBoard scalar (restarts so far, at the trainer's step)."""
+    a log line and a TensorBoard scalar (restarts so far, at the trainer's step). A keeper
+    that gave up on an extra pool's worker is a ``failed`` alert of its own (the run goes
+    on); one of the run's own workers ends the start, whose ``failed`` alert tells it."""
 
     def __init__(self, cfg: RunConfig, paths: RunPaths) -> None:
         self.cfg = cfg
@@ -155,7 +157,8 @@ class RecoveryLog:
     def skip_earlier(self) -> None:
         self.seen |= {name for name, _ in read_events(self.paths, "component_")}
 
-    def new(self, step: int) -> list[tuple[str, str]]:
+    def new(self, step: int) -> list[tuple[str, str, str]]:
+        """(alert event, title, body) of each event not told yet."""
         told = []
         for name, event in read_events(self.paths, "component_"):
             if name in self.seen:
@@ -164,11 +167,19 @@ class RecoveryLog:
             told.append(self._tell(event, step))
         return [t for t in told if t is not None]
 
-    def _tell(self, event: dict, step: int) -> tuple[str, str] | None:
+    def _tell(self, event: dict, step: int) -> tuple[str, str, str] | None:
         component, reason = event.get("component", "?"), event.get("reason", "?")
+        worker = component.split("/", 1)[-1]
+        task = worker[1:] if worker.startswith("r") and worker[1:].isdigit() else worker
         if event.get("event") != "component_restarted":
             log.warning("watch: %s: %s", component, event.get("detail", reason))
-            return None  # a give-up ends the start: the "failed" alert tells it
+            if not component.startswith("rollout/") or task != worker:
+                return None  # the run's own worker or judge: the start ends, its alert tells it
+            what = f"{component} FAILED after {event.get('restarts')} restart(s); the run goes on"
+            lines = tail_text(
+                self.paths.task_log("rollout", task), self.cfg.observe.alerts.log_lines
+            )
+            return "failed", what, f"{event.get('detail', reason)}\nLast log lines:\n{lines}"
         self.restarts += 1
         what = (
             f"{component} restarted in place ({event.get('restarts')} of "
@@ -176,11 +187,9 @@ class RecoveryLog:
         )
         log.warning("watch: %s: %s", what, reason)
         self._scalar(step)
-        worker = component.split("/", 1)[-1]
-        task = worker[1:] if worker.startswith("r") and worker[1:].isdigit() else worker
         lines = tail_text(self.paths.task_log("rollout", task), self.cfg.observe.alerts.log_lines)
         body = f"{component} {reason}; the trainer keeps training.\nLast log lines:\n{lines}"
-        return what, body
+        return "recovered", what, body
 
     def _scalar(self, step: int) -> None:
         try:

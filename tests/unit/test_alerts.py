@@ -181,9 +181,7 @@ def _role(name: str, cpus: int) -> dict:
 
 
 def _trainer_status(paths: RunPaths, step: int) -> None:
-    atomic_write_json(
-        paths.trainer_status, {"step": step, "metrics": {"reward/mean": 0.25}}
-    )
+    atomic_write_json(paths.trainer_status, {"step": step, "metrics": {"reward/mean": 0.25}})
 
 
 def test_watcher_tells_started_first_step_and_a_stall_once(tmp_path, webhook_sink, fake_clock):
@@ -222,6 +220,37 @@ def test_watcher_tells_started_first_step_and_a_stall_once(tmp_path, webhook_sin
     # the watcher also kept the cost ledger: 17 min at 3 CPUs
     attempts = watcher.ledger.attempts()
     assert len(attempts) == 1 and attempts[0]["last_s"] - attempts[0]["start_s"] == 17 * 60
+
+
+def test_a_given_up_pool_worker_is_a_failed_alert_and_the_runs_own_is_left_to_the_end(
+    tmp_path,
+):
+    """A pool's worker given up on leaves while the run goes on: told at once as failed.
+    The run's own worker given up on ends the start, whose end alert tells it."""
+    from relax_hpc.observe.events import emit_event
+
+    cfg, paths = _run(tmp_path, min_interval_s=0)
+    sent: list[Alert] = []
+    notifier = Notifier(
+        cfg.observe.alerts,
+        RateLimiter(cfg.observe.alerts, AlertState(paths.alert_state)),
+        lambda a: sent.append(a) or True,
+    )
+    watcher = RunWatcher(cfg, paths, notifier)
+    watcher.on_start("7", restart=0)
+    paths.task_log("rollout", "x1.0").write_text("RuntimeError: engine lost its device\n")
+    for worker in ("x1.0", "r0"):
+        detail = f"rollout worker {worker} exited with 1 ...; last error: RuntimeError: ..."
+        emit_event(paths, "component_gave_up", component=f"rollout/{worker}", reason="exited "
+                   "with 1", restarts=3, max_restarts=3, detail=detail)  # fmt: skip
+    watcher.poll()
+    watcher.poll()
+    notifier.close(timeout_s=10)
+    gave_up = [a for a in sent if a.event == "failed"]
+    assert len(gave_up) == 1, [a.title for a in sent]
+    assert "rollout/x1.0 FAILED after 3 restart(s); the run goes on" in gave_up[0].title
+    assert "rollout worker x1.0 exited with 1" in gave_up[0].body
+    assert "RuntimeError: engine lost its device" in gave_up[0].body  # its log's last lines
 
 
 def test_resumed_run_is_told_as_resumed_and_first_step_only_once(tmp_path):

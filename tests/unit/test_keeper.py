@@ -84,7 +84,19 @@ def test_a_crashed_worker_is_restarted_in_place_and_the_restart_is_an_event(tmp_
 
 
 def test_a_worker_that_crashes_every_time_is_given_up_and_fails_the_start(tmp_path):
-    command = worker_script(tmp_path, "sys.exit(7)")
+    # each start records its error as component.main does for the run's own workers
+    command = worker_script(
+        tmp_path,
+        f"""
+        from relax_hpc.component import record_task_error
+        from relax_hpc.paths import RunPaths
+        from relax_hpc.runtime import TaskIdentity
+        error = OSError(f"no usable device (start {{start}})")
+        record_task_error(RunPaths({str(tmp_path / "run")!r}), "rollout",
+                          TaskIdentity.from_environ(), error)
+        sys.exit(7)
+        """,
+    )
     kept, paths = keeper(tmp_path, command)
     assert kept.run() == 7
     assert starts(tmp_path) == 1 + FAST.max_restarts
@@ -93,6 +105,9 @@ def test_a_worker_that_crashes_every_time_is_given_up_and_fails_the_start(tmp_pa
     detail = recorded_component_failure(paths, restarts=0)
     assert "rollout worker r0 exited with 7 after 2 restart(s)" in detail
     assert "rollout.max_restarts=2" in detail
+    assert "last error: OSError: no usable device (start 3)" in detail  # the last start's
+    ((_, gave_up),) = read_events(paths, "component_gave_up")
+    assert gave_up["last_error"] == "OSError: no usable device (start 3)"
     end = decide_end(
         exitcodes.STOPPED,  # the trainer stopped with a checkpoint when the task ended
         trainer_done=False,
@@ -109,11 +124,24 @@ def test_a_worker_that_crashes_every_time_is_given_up_and_fails_the_start(tmp_pa
 
 
 def test_an_extra_pool_worker_that_is_given_up_leaves_without_failing_the_run(tmp_path):
-    command = worker_script(tmp_path, "sys.exit(7)")
+    log = RunPaths(tmp_path / "run").task_log("rollout", "extra.0")
+    command = worker_script(
+        tmp_path,
+        f"""
+        log = Path({str(log)!r})
+        log.parent.mkdir(parents=True, exist_ok=True)
+        with log.open("a") as out:  # a pool worker's traceback, as its log shows it
+            out.write("Traceback (most recent call last):\\n  File ...\\n")
+            out.write(f"RuntimeError: engine lost its device (start {{start}})\\n\\n")
+        sys.exit(7)
+        """,
+    )
     kept, paths = keeper(tmp_path, command, pool="extra")
     assert kept.run() == 7
     assert not paths.component_failure.exists()
-    assert [r["event"] for _, r in read_events(paths, "component_gave_up")] == ["component_gave_up"]
+    ((_, gave_up),) = read_events(paths, "component_gave_up")
+    assert gave_up["last_error"] == "RuntimeError: engine lost its device (start 3)"
+    assert "last error: RuntimeError: engine lost its device (start 3)" in gave_up["detail"]
 
 
 def test_a_worker_whose_heartbeat_stops_is_killed_and_restarted(tmp_path):
@@ -134,7 +162,7 @@ def test_a_worker_whose_heartbeat_stops_is_killed_and_restarted(tmp_path):
     assert kept.run() == exitcodes.DONE
     assert time.monotonic() - began < 60  # it did not wait out the sleep
     assert starts(tmp_path) == 2
-    (_, event), = read_events(paths, "component_restarted")
+    ((_, event),) = read_events(paths, "component_restarted")
     assert event["reason"].startswith("hung: no heartbeat for") and event["exit_code"] == -9
 
 
@@ -164,7 +192,7 @@ def test_a_restart_requested_by_the_watcher_kills_and_restarts_the_worker(tmp_pa
     threading.Thread(target=ask_once_started, daemon=True).start()
     assert kept.run() == exitcodes.DONE
     assert not request.exists()
-    (_, event), = read_events(paths, "component_restarted")
+    ((_, event),) = read_events(paths, "component_restarted")
     assert "restart requested (no step for 30 min" in event["reason"]
 
 
