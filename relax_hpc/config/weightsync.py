@@ -19,10 +19,14 @@ class WeightSyncConfig:
 
     backend: ``auto`` picks NCCL when the trainer's device is CUDA, else Gloo.
     timeout_s: bound of every phase of a sync (ready, group formation, each bucket, results).
-    busy_timeout_s: how long an engine that is alive (its liveness connection open) may take
+    busy_timeout_s: the most an engine that is alive (its liveness connection open) may take
         to answer a round's call: in async mode it finishes the batch it is generating
         first, which on a large model takes minutes. An engine without the connection gets
-        ``timeout_s``; a hung one (stopped, connection open) is dropped after this.
+        ``timeout_s``.
+    busy_steps: within that, an alive engine may take this many times the longest recent
+        step (the time between two syncs) to answer, at least ``timeout_s``; a hung engine
+        (stopped, connection open) is dropped after this and rejoins when it runs again.
+        0: always ``busy_timeout_s``.
     bucket_mb: size of one flat send buffer; tensors are packed into such buckets.
     interval_steps: the trainer syncs every ``interval_steps`` optimizer steps.
     serve_dtype: floating-point tensors are converted to it on the sender (``same`` keeps them).
@@ -40,6 +44,7 @@ class WeightSyncConfig:
     backend: str = "auto"
     timeout_s: float = 60.0
     busy_timeout_s: float = 3600.0
+    busy_steps: float = 4.0
     bucket_mb: int = 256
     interval_steps: int = 1
     serve_dtype: str = "bfloat16"
@@ -57,6 +62,7 @@ class WeightSyncConfig:
             ("backend", self.backend in BACKENDS, f"one of {', '.join(BACKENDS)}"),
             ("timeout_s", self.timeout_s > 0, "a positive number of seconds"),
             ("busy_timeout_s", self.busy_timeout_s >= self.timeout_s, "at least timeout_s"),
+            ("busy_steps", self.busy_steps >= 0, "0 (always busy_timeout_s) or a positive factor"),
             ("bucket_mb", self.bucket_mb >= 1, "at least 1"),
             ("interval_steps", self.interval_steps >= 1, "at least 1"),
             ("serve_dtype", self.serve_dtype in SERVE_DTYPES, f"one of {', '.join(SERVE_DTYPES)}"),

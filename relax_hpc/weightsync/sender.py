@@ -8,8 +8,10 @@ token and naming its round and member (``rendezvous.sign_message``):
 
 1. ``r/<r>/call``: the candidates (admitted engines); then the counter ``round`` := r.
 2. ``r/<r>/ready/<member>``: each candidate that is polling says it is ready. Candidates
-   not ready within ``timeout_s`` are dropped (``dropped/<member>`` is set; a live engine
-   re-registers and is admitted again at a later sync).
+   not ready within ``timeout_s`` (one whose liveness connection is open, possibly busy
+   generating: within the bound ``busy`` derives from recent step times) are dropped
+   (``dropped/<member>`` is set; a live engine re-registers and is admitted again at a
+   later sync, or as a joiner while the trainer waits for samples).
 3. ``r/<r>/plan``: members, generation, backend and the manifest (see ``protocol``). The
    group of that generation is reused while members do not change.
 4. The buckets, broadcast from rank 0; then ``r/<r>/digest``: bucket checksums, or
@@ -51,6 +53,7 @@ from relax_hpc.config.weightsync import WeightSyncConfig
 from relax_hpc.paths import RunPaths
 from relax_hpc.weightsync import fs_export, protocol, rendezvous
 from relax_hpc.weightsync.admission import Admission
+from relax_hpc.weightsync.busy import BusyBound
 from relax_hpc.weightsync.errors import WeightSyncError
 from relax_hpc.weightsync.events import emit_event
 from relax_hpc.weightsync.group import (
@@ -118,6 +121,9 @@ class WeightSender:
         self._layout_key: tuple = ()
         self._layout: protocol.Layout | None = None
         self._num_syncs = 0
+        self._busy = BusyBound(
+            self.config.busy_steps, self.config.timeout_s, self.config.busy_timeout_s
+        )
         self._round_candidates: dict[int, list[str]] = {}
 
     # --- lifecycle ---------------------------------------------------------------------------
@@ -198,6 +204,7 @@ class WeightSender:
         start = time.monotonic()
         report = SyncReport(policy_version)
         if only is None:
+            self._busy.sync_started()
             _, report.refused = self.admit_pending()
         named = protocol.as_named_list(named_tensors)
         layout = self._layout_for(named)
@@ -206,6 +213,8 @@ class WeightSender:
         while candidates and report.rounds < MAX_ROUNDS_PER_SYNC:
             candidates = self._run_round(candidates, tensors, layout, report)
         self._num_syncs += 1
+        if only is None:
+            self._busy.sync_ended()
         if self._should_publish(report):
             report.published_dir = str(self.publish_to_filesystem(named, policy_version))
         report.seconds = time.monotonic() - start
@@ -258,9 +267,12 @@ class WeightSender:
         """One round; returns the members to retry (their collective failed, they are alive)."""
         r = self._open_round(candidates)
         report.rounds += 1
+        called = time.monotonic()
         ready = self._await_messages(
-            r, "ready", candidates, self.config.timeout_s, self.config.busy_timeout_s
+            r, "ready", candidates, self.config.timeout_s, self._busy.seconds()
         )
+        if all(body is not None for body in ready.values()):  # how long busy engines take
+            self._busy.answered(time.monotonic() - called)
         self._ready = {m: body for m, body in ready.items() if body is not None}
         members = [m for m in candidates if m in self._ready and not self._admission.is_dead(m)]
         for member in sorted(set(candidates) - set(members)):
@@ -461,9 +473,10 @@ class WeightSender:
             self._liveness.wait_for_nudge(timeout_s)
 
     def _ready_bound(self, member: str) -> float:
-        """How long ``member`` may take to answer a call: busy generating when it is alive."""
+        """How long ``member`` may take to answer a call: busy generating when it is alive,
+        for as long as the recent steps say a chunk takes (``busy``)."""
         if self._admission.is_connected(member):
-            return self.config.busy_timeout_s
+            return self._busy.seconds()
         return self.config.timeout_s
 
     def _silence(self, member: str, kind: str, timeout_s: float) -> str:

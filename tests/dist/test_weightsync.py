@@ -220,7 +220,7 @@ def test_an_engine_busy_generating_is_waited_for_and_a_stopped_one_dropped(run, 
     import time
 
     paths, processes, make_sender = run
-    cfg = replace(config, timeout_s=1.0, busy_timeout_s=8.0)
+    cfg = replace(config, timeout_s=1.0, busy_timeout_s=8.0, busy_steps=0)  # no step bound
     sender = make_sender(cfg)
     processes.append(spawn_engine(paths.root, "busy", cfg, mode="busy:3"))
     _await_admitted(sender, ["busy"])
@@ -242,4 +242,50 @@ def test_an_engine_busy_generating_is_waited_for_and_a_stopped_one_dropped(run, 
         os.kill(processes[0].pid, signal.SIGCONT)
     assert report.dropped == ["busy"], report
     assert cfg.busy_timeout_s <= seconds < cfg.busy_timeout_s + 4 * cfg.timeout_s + 5, seconds
+    sender.close()
+
+
+def test_a_stopped_engine_costs_one_round_bounded_by_the_step_time_and_rejoins(run, config):
+    """A SIGSTOPped engine keeps its liveness connection open. The round waits for it only
+    busy_steps times the recent step time (not busy_timeout_s), drops it, and the next
+    round does not wait for it at all; continued, it comes back through the joiner path."""
+    import os
+    import signal
+    import time
+
+    paths, processes, make_sender = run
+    cfg = replace(config, timeout_s=1.0, busy_timeout_s=600.0, busy_steps=3.0)
+    step_s = 1.0  # what the test's "training step" between two syncs takes
+    sender = make_sender(cfg)
+    processes += [spawn_engine(paths.root, e, cfg) for e in ("steady", "stopped")]
+    _await_admitted(sender, ["steady", "stopped"])
+    for version in (1, 2, 3):
+        assert sorted(sender.sync(make_state(version), version).members) == ["steady", "stopped"]
+        time.sleep(step_s)
+
+    os.kill(processes[1].pid, signal.SIGSTOP)
+    try:
+        began = time.monotonic()
+        report = sender.sync(make_state(4), 4)
+        waited_s = time.monotonic() - began
+        assert report.members == ["steady"] and report.dropped == ["stopped"], report
+        # at least 3 steps of >= 1 s; far below busy_timeout_s (generous for 2 loaded cores)
+        assert 3 * step_s <= waited_s < 60, waited_s
+        time.sleep(step_s)
+        began = time.monotonic()
+        report = sender.sync(make_state(5), 5)
+        assert report.members == ["steady"] and not report.dropped, report
+        assert time.monotonic() - began < 3 * step_s, "waited for the dropped engine again"
+    finally:
+        os.kill(processes[1].pid, signal.SIGCONT)
+
+    # running again, it reads its drop notice and registers anew: a joiner
+    joiners = wait_until(sender.admit_joiners, STARTUP_S, "the continued engine's new join")
+    caught_up = sender.sync(make_state(5), 5, only=joiners)  # the trainer's catch-up
+    assert caught_up.members == ["stopped"], caught_up
+    assert _await_update(paths.root, "stopped", 5)["fingerprint"] == expected_fingerprint(
+        5, torch.bfloat16
+    )
+    report = sender.sync(make_state(6), 6)
+    assert sorted(report.members) == ["steady", "stopped"] and not report.dropped, report
     sender.close()
