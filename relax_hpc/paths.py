@@ -207,8 +207,8 @@ class RunPaths:
 
     def restart_request(self, worker: str) -> Path:
         """Present when rollout worker ``worker``'s keeper is asked to restart it (by an
-        operator today; by the run watcher's stall diagnosis later); the keeper removes it
-        when it acts."""
+        operator, or by the run watcher's stall diagnosis, ``observe/stall.py``); the
+        keeper removes it when it acts."""
         return self.control_dir / "restart" / f"{worker}"
 
     @property

@@ -12,7 +12,9 @@ worker as its child (the same command, with ``KEPT_VAR`` set) and:
 * kills and restarts a worker that hangs: its heartbeat (a thread that beats every
   ``claim_lease_s / 4``) is older than ``rollout.claim_lease_s``, as for a SIGSTOPped or
   frozen process; the same kill restarts a worker whose restart was asked for
-  (``paths.restart_request``). A judge server's heartbeat is its status file (written
+  (``paths.restart_request``: by an operator, or by the run watcher for a stall,
+  ``observe/stall.py``; a request that names another pid than the worker's is about an
+  earlier worker and is ignored). A judge server's heartbeat is its status file (written
   every few seconds), its bound ``judge.hang_after_s``, its limits ``judge.max_restarts``
   and ``judge.restart_backoff_s``; a restarted judge publishes a new address, which the
   rollout's clients read again after a failed call;
@@ -122,9 +124,14 @@ class TaskKeeper:
     def _hung_or_requested(self) -> str | None:
         request = self.paths.restart_request(self.worker)
         if request.exists():
-            reason = read_json(request, default={}).get("reason", "no reason given")
+            record = read_json(request, default={})
+            record = record if isinstance(record, dict) else {}
             request.unlink(missing_ok=True)
-            return f"restart requested ({reason})"
+            if record.get("pid") not in (None, self.child.pid):  # about an earlier worker
+                self._say(f"ignoring a restart request about pid {record['pid']}: the worker "
+                          f"is pid {self.child.pid} since")  # fmt: skip
+                return None
+            return f"restart requested ({record.get('reason', 'no reason given')})"
         beat = read_json(self.heartbeat, default=None)
         if not isinstance(beat, dict) or beat.get("pid") != self.child.pid or beat.get("left"):
             return None  # not beating yet (loading, joining) or beating for another process

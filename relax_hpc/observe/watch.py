@@ -6,7 +6,10 @@ executor as a child process). It opens the attempt in the cost ledger and keeps 
 current, sends ``started`` (or ``resumed``), ``first_step``, ``checkpoint``, ``stalled`` (no
 new trainer step for ``stall_after_min``) and ``recovered`` (a rollout worker restarted in
 place by its keeper: also a log line and the ``recovery/restarts`` scalar in TensorBoard's
-``recovery`` run), and exits on SIGTERM.
+``recovery`` run), and exits on SIGTERM. A stall is acted on: a rollout worker that is hung
+(``observe/stall.py``: heartbeat silent, or a chunk held longer than the stall) gets a
+restart request its keeper carries out, with the evidence in the log and the alert; again
+every ``stall_after_min`` while the stall lasts.
 
 ``python -m relax_hpc.observe.watch end RUN_DIR --outcome O --detail TEXT`` is run by the
 batch script once the steps ended: ``finished`` (with a summary), ``failed`` (with the
@@ -30,6 +33,7 @@ from relax_hpc.config import RunConfig, load_run_config
 from relax_hpc.observe.alerts import Alert, AlertState, Notifier, build_notifier
 from relax_hpc.observe.cost import CostLedger, cost_so_far, describe_cost
 from relax_hpc.observe.events import read_events
+from relax_hpc.observe.stall import hung_rollout_workers, request_restart
 from relax_hpc.paths import RunPaths, read_json, tail_text
 
 log = logging.getLogger(__name__)
@@ -55,6 +59,7 @@ class RunWatcher:
         self.last_step: int | None = None
         self.last_progress_s = clock()
         self.stalled = False
+        self.acted_s = 0.0  # when the stall was last acted on
         self.last_checkpoint: int | None = None
         self.recoveries = RecoveryLog(cfg, paths)
 
@@ -77,11 +82,10 @@ class RunWatcher:
         step = status.get("step")
         if step is not None and step != self.last_step:
             self._on_progress(step, status)
-        elif (
-            not self.stalled
-            and self._stalled_for_s() >= self.cfg.observe.alerts.stall_after_min * 60
-        ):
+        elif not self.stalled and self._stalled_for_s() >= self._stall_s():
             self._on_stall()
+        elif self.stalled and self.clock() - self.acted_s >= self._stall_s():
+            self._restart_hung()  # still stalled: look again
         checkpoint = _checkpoint_step(self.paths)
         if checkpoint is not None and checkpoint != self.last_checkpoint:
             self.last_checkpoint = checkpoint
@@ -122,16 +126,37 @@ class RunWatcher:
             return 0.0
         return self.clock() - self.last_progress_s
 
+    def _stall_s(self) -> float:
+        return self.cfg.observe.alerts.stall_after_min * 60
+
     def _on_stall(self) -> None:
         self.stalled = True
         minutes = self._stalled_for_s() / 60
         log.warning("watch: no trainer step for %.1f min", minutes)
+        acted = self._restart_hung() or ["no rollout worker looks hung (fresh heartbeats, no "
+                                         "chunk held longer than the stall)"]  # fmt: skip
         body = (
             f"No new trainer step for {minutes:.1f} min (last step {self.last_step}).\n"
-            f"Last lines of the trainer's log:\n"
+            + "".join(f"{line}\n" for line in acted)
+            + "Last lines of the trainer's log:\n"
             f"{tail_text(self.paths.task_log('trainer', 0), self.cfg.observe.alerts.log_lines)}"
         )
         self._send("stalled", f"stalled at step {self.last_step}", body)
+
+    def _restart_hung(self) -> list[str]:
+        """Ask the keepers of the rollout workers the stall waits on to restart them; one
+        line of evidence each."""
+        self.acted_s = self.clock()
+        why = f"watch: no trainer step for {self._stalled_for_s() / 60:.1f} min"
+        lease_s = self.cfg.rollout.claim_lease_s
+        lines = []
+        for hung in hung_rollout_workers(self.paths, self.clock(), lease_s, self._stall_s()):
+            request_restart(self.paths, hung, why)
+            lines.append(
+                f"asked the keeper of rollout/{hung.worker} to restart it: {hung.evidence}"
+            )
+            log.warning("watch: %s", lines[-1])
+        return lines
 
     def _send(self, event: str, what: str, body: str) -> None:
         log.info("watch: %s", what)

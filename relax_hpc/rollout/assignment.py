@@ -277,15 +277,22 @@ def floor_of(root: Path) -> int:
 
 def chunk_holders(root: Path) -> dict[str, list[str]]:
     """Worker -> the chunks it holds (``b<batch>/j<chunk>``); reads only (status, tests)."""
+    return {worker: [chunk for chunk, _ in claims] for worker, claims in held_claims(root).items()}
+
+
+def held_claims(root: Path) -> dict[str, list[tuple[str, float]]]:
+    """Worker -> (chunk, wall-clock time it was claimed) of each chunk it holds; reads only
+    (status, the run watcher's stall diagnosis)."""
     root = Path(root)
-    held: dict[str, list[str]] = {}
+    held: dict[str, list[tuple[str, float]]] = {}
     batches = sorted(int(m.group(1)) for n in _names(root) if (m := _BATCH_DIR.match(n)))
     for batch in (b for b in batches if b >= floor_of(root)):
         folder = root / f"b{batch:08d}"
         for name in sorted(_names(folder)):
             if name.endswith(".claim"):
                 claim = read_json(folder / name, default=None) or {"worker": "?"}
-                held.setdefault(claim["worker"], []).append(f"b{batch:08d}/{name[:-6]}")
+                chunk = (f"b{batch:08d}/{name[:-6]}", float(claim.get("time", 0.0)))
+                held.setdefault(claim["worker"], []).append(chunk)
     return held
 
 
