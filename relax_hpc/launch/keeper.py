@@ -8,7 +8,9 @@ worker as its child (the same command, with ``KEPT_VAR`` set) and:
 * restarts a worker that crashed (an exit other than done, stopped or a config error)
   after a backoff doubling from ``rollout.restart_backoff_s``, at most
   ``rollout.max_restarts`` times; the trainer keeps training meanwhile, and the worker's
-  claims on prompt groups come back to it at once (same worker name);
+  claims on prompt groups come back to it at once (same worker name); until the new
+  worker beats, the worker's heartbeat names the keeper (``restarting``), so a drain
+  waits for the new worker rather than trusting the ``left`` of the one that ended;
 * kills and restarts a worker that hangs: its heartbeat (a thread that beats every
   ``claim_lease_s / 4``) is older than ``rollout.claim_lease_s``, as for a SIGSTOPped or
   frozen process; the same kill restarts a worker whose restart was asked for
@@ -91,6 +93,12 @@ class TaskKeeper:
     def run(self) -> int:
         for signum in FORWARDED:
             signal.signal(signum, self._on_signal)
+        try:
+            return self._keep()
+        finally:
+            self._mark_left()
+
+    def _keep(self) -> int:
         while True:
             self._start()
             code, why = self._watch()
@@ -152,6 +160,7 @@ class TaskKeeper:
 
     # --- recovery --------------------------------------------------------------------------
     def _restart_after_backoff(self, code: int, why: str) -> None:
+        self._mark_restarting()
         delay_s = self.policy.backoff_s * 2**self.restarts
         self.restarts += 1
         self._say(
@@ -162,6 +171,24 @@ class TaskKeeper:
         deadline = time.monotonic() + delay_s
         while self.stopping is None and time.monotonic() < deadline:
             time.sleep(min(self.policy.poll_s, delay_s))
+
+    def _mark_restarting(self) -> None:
+        """Until the next worker beats, the worker's heartbeat speaks for this keeper (its
+        pid, not left): a ``left`` written by the process that ended says nothing about the
+        one that comes next, which a drain must still wait for."""
+        if self.role != "rollout":  # a judge's heartbeat is its status, with its address
+            return
+        record = {"time": time.time(), "pid": os.getpid(), "left": False, "restarting": True}
+        with contextlib.suppress(OSError):
+            atomic_write_json(self.heartbeat, record)
+
+    def _mark_left(self) -> None:
+        """A worker that ended before it beat (it saw a drain or the end as it started)
+        leaves the heartbeat naming this keeper: say that it left."""
+        beat = read_json(self.heartbeat, default=None)
+        if self.role == "rollout" and isinstance(beat, dict) and beat.get("pid") == os.getpid():
+            with contextlib.suppress(OSError):
+                atomic_write_json(self.heartbeat, {**beat, "time": time.time(), "left": True})
 
     def _give_up(self, code: int, why: str) -> int:
         what = "judge server" if self.role == "judge" else "rollout worker"

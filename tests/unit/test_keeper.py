@@ -234,3 +234,45 @@ def test_sigterm_to_the_keeper_reaches_the_worker_and_nothing_restarts(tmp_path)
     threading.Thread(target=terminate_when_ready, daemon=True).start()
     assert kept.run() == exitcodes.STOPPED
     assert starts(tmp_path) == 1 and kept.stopping == "SIGTERM"
+
+
+def test_a_drain_waits_for_the_restarted_worker_not_the_left_of_the_one_that_ended(tmp_path):
+    """A worker that said it left (its heartbeat's stop) and then crashed is restarted; the
+    heartbeat must not say 'left' for the new process, or drain reports it gone."""
+    from relax_hpc.scale import draining_workers
+
+    beat = heartbeat_path(RunPaths(tmp_path / "run").rollout_assignment_dir, "extra.0")
+    go = tmp_path / "go"
+    command = worker_script(
+        tmp_path,
+        f"""
+        if start == 1:  # left=True as WorkerHeartbeat.stop writes it, then a crash
+            beat = Path({str(beat)!r})
+            beat.parent.mkdir(parents=True, exist_ok=True)
+            beat.write_text(json.dumps({{"pid": os.getpid(), "time": time.time(), "left": True}}))
+            sys.exit(1)
+        while not Path({str(go)!r}).exists():  # the new worker, still loading its model
+            time.sleep(0.05)
+        sys.exit(0)
+        """,
+    )
+    kept, paths = keeper(tmp_path, command, pool="extra")
+    seen: list[list[str]] = []
+
+    def drain_while_restarted() -> None:
+        deadline = time.monotonic() + 120
+        while not (tmp_path / "starts").exists() or starts(tmp_path) < 2:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        seen.append(draining_workers(paths, "extra"))
+        go.touch()
+
+    thread = threading.Thread(target=drain_while_restarted, daemon=True)
+    thread.start()
+    try:
+        assert kept.run() == exitcodes.DONE
+    finally:
+        go.touch()
+        thread.join(timeout=30)
+    assert seen == [["extra.0"]]  # the restarted worker was still to be waited for
+    assert draining_workers(paths, "extra") == []  # and its keeper is gone now
