@@ -2,16 +2,21 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
+from typing import TypeVar
 
 from relax_hpc.paths import RunPaths, read_json
 
 REPO = Path(__file__).resolve().parents[2]
+T = TypeVar("T")
 
 
 def submit_env() -> dict[str, str]:
@@ -191,6 +196,33 @@ def submit_side_by_side(
             if process.poll() is None:  # a failed wait: its tasks stop when their supervisor dies
                 process.kill()
                 process.communicate(timeout=60)
+
+
+@contextlib.contextmanager
+def two_at_a_time(calls: dict[str, Callable[[], T]]) -> Iterator[dict[str, Future[T]]]:
+    """Each of ``calls`` (independent runs, in the order the tests ask for them) in a thread,
+    at most two at once: their futures by name; on exit, the runs not started are dropped
+    and the others waited for. A tiny run alternates its trainer and rollout on one core
+    and starts three interpreters, so a second run fills the core the first leaves idle;
+    results do not depend on it (each run's bounds hold whatever the machine's speed)."""
+    pool = ThreadPoolExecutor(max_workers=2)
+    try:
+        yield {name: pool.submit(call) for name, call in calls.items()}
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+
+
+def selected_params(request, *argnames: str) -> list:
+    """The values of the parameters ``argnames`` (a tuple each where several are named) of the
+    tests of ``request``'s module that this session runs, in the order they run: ``-k`` one
+    case runs one case's run."""
+    values = []
+    for item in request.session.items:
+        params = item.callspec.params if hasattr(item, "callspec") else {}
+        if item.module is request.module and all(name in params for name in argnames):
+            found = tuple(params[name] for name in argnames)
+            values.append(found if len(argnames) > 1 else found[0])
+    return list(dict.fromkeys(values))
 
 
 def learns_from_media_not_blank(

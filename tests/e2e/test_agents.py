@@ -212,10 +212,9 @@ CALCULATOR_STEPS = 10
 
 @pytest.fixture(scope="module")
 def calculator_runs(tmp_path_factory):
-    """grpo_tiny_calculator with its tool, and the same run with the tool disabled, from a
-    cold warm-start cache (the first run trains the warm start, the second reuses it)."""
+    """grpo_tiny_calculator with its tool, and the same run with the tool disabled, from the
+    tests' shared warm-start cache (``submit_env``: trained by the first run where cold)."""
     root = tmp_path_factory.mktemp("calculator")
-    cold_cache = {"RELAX_HPC_CACHE_DIR": str(root / "cache")}
     runs = {}
     for arm, extra in (
         ("tool", []),
@@ -228,13 +227,23 @@ def calculator_runs(tmp_path_factory):
             *extra,
             experiment="grpo_tiny_calculator",
             timeout_s=600,
-            env=cold_cache,
         )
         assert result.returncode == 0, failure_report(result, run_dir)
         runs[arm] = RunPaths(run_dir)
         runs[f"{arm}_stderr"] = result.stderr
-    runs["cache"] = root / "cache"
     return runs
+
+
+def warm_start_record(paths: RunPaths) -> dict:
+    """``warmstart.json`` of the cached warm start a run started from (found, not trained:
+    the run cached it under the same key)."""
+    from relax_hpc.config import load_run_config
+    from relax_hpc.models.agent_warmstart import policy_warm_start
+
+    cfg = load_run_config(paths.resolved_config)
+    cache = Path(submit_env()["RELAX_HPC_CACHE_DIR"])
+    folder = policy_warm_start(cfg.model, cfg.data, cfg.rollout.environment, cache)
+    return read_json(folder / "warmstart.json")
 
 
 def learned_to_call(paths: RunPaths) -> bool:
@@ -254,8 +263,7 @@ def test_the_calculator_agent_learns_to_call_the_tool(calculator_runs):
     0.56 -> 0.84 per episode, reward 0.61 -> 0.80). The control: the same check fails on
     the run without the tool, where a call earns nothing (calls 0.55 -> 0.36)."""
     tool, no_tool = calculator_runs["tool"], calculator_runs["no_tool"]
-    (warm_start,) = calculator_runs["cache"].glob("calculator-warmstart-*/warmstart.json")
-    assert read_json(warm_start)["tool_path"] >= 0.8  # the warm start copies when it calls
+    assert warm_start_record(tool)["tool_path"] >= 0.8  # the warm start copies when it calls
     assert learned_to_call(tool)
     assert not learned_to_call(no_tool)
     rollout = scalars(tool.rollout_tensorboard_dir(0))

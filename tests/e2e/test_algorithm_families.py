@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import functools
+
 import pytest
-from e2e_helpers import failure_report, scalars, submit
+from e2e_helpers import failure_report, scalars, selected_params, submit, two_at_a_time
 
 from relax_hpc.config.algo import ALGORITHM_NAMES
 from relax_hpc.config.compose import compose_run_config
@@ -30,15 +32,44 @@ def teacher_dir(tmp_path_factory):
     return folder
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("algo", ALGORITHM_NAMES)
-def test_algorithm_runs_end_to_end(algo, tmp_path, teacher_dir):
+MODES = [("sync", 0), ("hybrid", 0), ("async", 2)]  # mode, max_staleness
+
+
+def algorithm_overrides(algo: str, teacher_dir) -> list[str]:
     extra = [f"model.teacher_path={teacher_dir}"] if algo == "opd" else []
     if algo == "ppo":
         extra.append("algo.kl_in_reward_coef=0.01")  # exercises the reference model too
-    result = submit(tmp_path / "run", f"algo={algo}", *FAST, *extra, timeout_s=300)
-    assert result.returncode == 0, failure_report(result, tmp_path / "run")
-    status = read_json(RunPaths(tmp_path / "run").trainer_status)
+    return [f"algo={algo}", *FAST, *extra]
+
+
+def mode_overrides(mode: str, staleness: int) -> list[str]:
+    return [f"mode={mode}", f"max_staleness={staleness}", *FAST, "trainer.total_steps=4"]
+
+
+@pytest.fixture(scope="module")
+def run_of(request, tmp_path_factory, teacher_dir):
+    """``run_of("algo=ppo")`` (or ``"mode=sync"``) -> (run_dir, result): the selected cases'
+    runs, two at a time."""
+    modes = selected_params(request, "mode")
+    cases = {
+        f"algo={a}": algorithm_overrides(a, teacher_dir) for a in selected_params(request, "algo")
+    }
+    cases |= {f"mode={m}": mode_overrides(m, s) for m, s in MODES if m in modes}
+
+    def run(name: str, overrides: list[str]) -> tuple:
+        run_dir = tmp_path_factory.mktemp(name.replace("=", "-")) / "run"
+        return run_dir, submit(run_dir, *overrides, timeout_s=300)
+
+    with two_at_a_time({n: functools.partial(run, n, o) for n, o in cases.items()}) as runs:
+        yield lambda name: runs[name].result()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("algo", ALGORITHM_NAMES)
+def test_algorithm_runs_end_to_end(algo, run_of):
+    run_dir, result = run_of(f"algo={algo}")
+    assert result.returncode == 0, failure_report(result, run_dir)
+    status = read_json(RunPaths(run_dir).trainer_status)
     assert status["step"] == 2
     assert all(v == v for v in status["metrics"].values())  # no NaN reached the logs
     if algo == "ppo":
@@ -46,18 +77,11 @@ def test_algorithm_runs_end_to_end(algo, tmp_path, teacher_dir):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("mode", "staleness"), [("sync", 0), ("hybrid", 0), ("async", 2)])
-def test_each_mode_keeps_its_staleness_bound(mode, staleness, tmp_path):
-    result = submit(
-        tmp_path / "run",
-        f"mode={mode}",
-        f"max_staleness={staleness}",
-        *FAST,
-        "trainer.total_steps=4",
-        timeout_s=300,
-    )
-    assert result.returncode == 0, failure_report(result, tmp_path / "run")
-    paths = RunPaths(tmp_path / "run")
+@pytest.mark.parametrize(("mode", "staleness"), MODES)
+def test_each_mode_keeps_its_staleness_bound(mode, staleness, run_of):
+    run_dir, result = run_of(f"mode={mode}")
+    assert result.returncode == 0, failure_report(result, run_dir)
+    paths = RunPaths(run_dir)
     series = scalars(paths.trainer_tensorboard_dir)
     assert len(series["staleness/max"]) == 4
     assert max(series["staleness/max"]) <= staleness

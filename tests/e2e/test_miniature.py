@@ -8,11 +8,12 @@ supervisor and both components to its second step and a complete checkpoint.
 
 from __future__ import annotations
 
+import functools
 import subprocess
 import sys
 
 import pytest
-from e2e_helpers import REPO, failure_report, submit_env
+from e2e_helpers import REPO, failure_report, selected_params, submit_env, two_at_a_time
 
 from relax_hpc.config import load_run_config
 from relax_hpc.config.compose import compose_run_config
@@ -40,6 +41,22 @@ def submit_miniature(name: str, run_dir, *overrides: str) -> subprocess.Complete
     )
 
 
+@pytest.fixture(scope="module")
+def miniature_run(request, tmp_path_factory):
+    """``miniature_run(name)`` -> (run_dir, result) of that experiment's miniature. The
+    selected experiments run two at a time, once per module: the omni test reads the run
+    the parametrized test made (its consumed shards are kept for that) instead of starting
+    grpo_qwen3_omni a second time."""
+
+    def run(name: str) -> tuple:
+        run_dir = tmp_path_factory.mktemp(name) / "run"
+        return run_dir, submit_miniature(name, run_dir, "spool.keep_consumed=true")
+
+    names = selected_params(request, "name") or ["grpo_qwen3_omni"]
+    with two_at_a_time({name: functools.partial(run, name) for name in names}) as runs:
+        yield lambda name: runs[name].result() if name in runs else run(name)
+
+
 def test_the_lists_are_the_experiments_with_audio_and_vision_models():
     modalities = {
         name: compose_run_config([f"+experiment={name}"]).model.modality
@@ -54,9 +71,8 @@ def test_the_lists_are_the_experiments_with_audio_and_vision_models():
 
 @pytest.mark.slow  # ~20 s on 2 free cores: three interpreters start, two steps run
 @pytest.mark.parametrize("name", RUNNABLE)
-def test_the_miniature_runs_to_its_second_step_and_checkpoints(name, tmp_path):
-    run_dir = tmp_path / "run"
-    result = submit_miniature(name, run_dir)
+def test_the_miniature_runs_to_its_second_step_and_checkpoints(name, miniature_run):
+    run_dir, result = miniature_run(name)
     assert result.returncode == 0, failure_report(result, run_dir)
     assert f"MINIATURE run of {name} (+preset=miniature)" in result.stderr
     paths = RunPaths(run_dir)
@@ -80,11 +96,10 @@ def test_the_miniature_runs_to_its_second_step_and_checkpoints(name, tmp_path):
 
 
 @pytest.mark.slow
-def test_the_omni_miniature_trains_on_rows_with_an_image_and_a_clip(tmp_path):
+def test_the_omni_miniature_trains_on_rows_with_an_image_and_a_clip(miniature_run):
     """grpo_qwen3_omni in miniature: omni_mc rows (a PNG and a WAV each) through rollout,
     spool, trainer and weight sync; the shards the trainer consumed hold both media."""
-    run_dir = tmp_path / "run"
-    result = submit_miniature("grpo_qwen3_omni", run_dir, "spool.keep_consumed=true")
+    run_dir, result = miniature_run("grpo_qwen3_omni")
     assert result.returncode == 0, failure_report(result, run_dir)
     consumed = sorted((RunPaths(run_dir).spool_dir / "consumed").iterdir())
     samples = [s for shard in consumed for group in read_shard(shard)[1] for s in group]

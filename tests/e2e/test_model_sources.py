@@ -13,9 +13,11 @@ weights (three steps: async may generate two batches ahead of them).
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 from conftest import write_transformers5_folder
-from e2e_helpers import failure_report, submit
+from e2e_helpers import failure_report, selected_params, submit, two_at_a_time
 
 from relax_hpc.config.compose import compose_run_config
 from relax_hpc.models.build import build_causal_lm, build_tokenizer
@@ -63,13 +65,27 @@ def model_overrides(folder) -> list[str]:
     return [] if folder is None else [f"model.path={folder}", f"model.tokenizer={folder}"]
 
 
+@pytest.fixture(scope="module")
+def run_of(request, tmp_path_factory, folders):
+    """``run_of(mode, source)`` -> (run_dir, result): the selected cells, two at a time."""
+
+    def run(mode: str, source: str) -> tuple:
+        run_dir = tmp_path_factory.mktemp(f"{mode}-{source}") / "run"
+        overrides = (f"mode={mode}", f"max_staleness={MODES[mode]}", *THREE_SMALL_STEPS)
+        return run_dir, submit(
+            run_dir, *overrides, *model_overrides(folders[source]), timeout_s=300
+        )
+
+    cells = selected_params(request, "mode", "source")
+    with two_at_a_time({cell: functools.partial(run, *cell) for cell in cells}) as runs:
+        yield lambda mode, source: runs[(mode, source)].result()
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("source", ["built_in", "transformers4", "transformers5", "sharded"])
 @pytest.mark.parametrize("mode", list(MODES))
-def test_the_model_trains_in_the_mode(mode, source, folders, tmp_path):
-    run_dir = tmp_path / "run"
-    overrides = (f"mode={mode}", f"max_staleness={MODES[mode]}", *THREE_SMALL_STEPS)
-    result = submit(run_dir, *overrides, *model_overrides(folders[source]), timeout_s=300)
+def test_the_model_trains_in_the_mode(mode, source, run_of):
+    run_dir, result = run_of(mode, source)
     assert result.returncode == 0, failure_report(result, run_dir)
     paths = RunPaths(run_dir)
     assert read_json(paths.trainer_done)["step"] == 3

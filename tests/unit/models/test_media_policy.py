@@ -103,27 +103,43 @@ def test_a_built_in_media_model_validates_with_its_own_tokenizer():
 @pytest.mark.slow
 def test_two_processes_needing_the_warm_start_train_it_once(tmp_path):
     """A media run's trainer and rollout both build the warm start as they start (on 2
-    cores they both trained it, 83 s each, before the lock)."""
+    cores they both trained it, 83 s each, before the lock). Both processes import first,
+    then wait for one go: they ask for the warm start within milliseconds of each other,
+    so without the lock both would train (a few steps take seconds)."""
     import subprocess
     import sys
+    import time
 
     script = (
-        "import logging, sys\n"
+        "import logging, pathlib, sys, time\n"
         "logging.basicConfig(level=logging.INFO)\n"
         "from relax_hpc.config.schema import ModelConfig\n"
         "from relax_hpc.models.media_policy import build_media_policy\n"
         "from relax_hpc.models.media_warmstart import MediaWarmStartConfig\n"
         "cfg = ModelConfig(name='v', architecture='Qwen3VLForConditionalGeneration',"
         " modality='vision', warm_start=True)\n"
-        "recipe = MediaWarmStartConfig(steps=20, batch_size=4, warmup_steps=1)\n"
+        "recipe = MediaWarmStartConfig(steps=5, batch_size=4, warmup_steps=1)\n"
+        "pathlib.Path(sys.argv[2]).touch()\n"
+        "while not pathlib.Path(sys.argv[3]).exists():\n"
+        "    time.sleep(0.005)\n"
         "build_media_policy(cfg, cache_dir=sys.argv[1], warm_start_recipe=recipe)\n"
     )
+    cache, go = tmp_path / "cache", tmp_path / "go"
+    ready = [tmp_path / f"ready-{i}" for i in range(2)]
     runs = [
         subprocess.Popen(
-            [sys.executable, "-c", script, str(tmp_path)], stderr=subprocess.PIPE, text=True
+            [sys.executable, "-c", script, str(cache), str(flag), str(go)],
+            stderr=subprocess.PIPE,
+            text=True,
         )
-        for _ in range(2)
+        for flag in ready
     ]
+    deadline = time.monotonic() + 300
+    while not all(flag.exists() for flag in ready):
+        ended = [run.returncode for run in runs if run.poll() is not None]
+        assert not ended and time.monotonic() < deadline, f"not ready: exits {ended}"
+        time.sleep(0.05)
+    go.touch()
     logs = [run.communicate(timeout=300)[1] for run in runs]
     assert [run.returncode for run in runs] == [0, 0], logs
     trained = [log for log in logs if "media-warmstart: trained in" in log]

@@ -100,6 +100,59 @@ def run_ranks(target, *args, world_size: int = 2, timeout_s: float = 180) -> lis
     return reports
 
 
+class _Tagged:
+    """A results queue that tags every report with the peer that sent it."""
+
+    def __init__(self, results, name: str) -> None:
+        self.results, self.name = results, name
+
+    def put(self, report: dict) -> None:
+        self.results.put({**report, "peer": self.name})
+
+
+def _peers_in_turn(rank: int, world_size: int, ports: list[int], results, peers: dict) -> None:
+    for (name, target), port in zip(peers.items(), ports, strict=True):
+        target(rank, world_size, port, _Tagged(results, name))
+
+
+def run_peers_in_turn(
+    peers: dict, world_size: int = 2, timeout_s: float = 300
+) -> dict[str, list[dict]]:
+    """Each ``name: target`` of ``peers`` (as ``run_ranks`` takes them) in turn in one set of
+    ``world_size`` spawned processes, each on a process group of its own (``megatron_rank``
+    tears its groups down): name -> its reports sorted by ``"rank"``. For peers whose
+    subject is a layout, not a process start (an interpreter importing torch and Megatron
+    costs seconds). A rank that exits early fails at once, not at the timeout."""
+    import queue
+    import time
+
+    context = multiprocessing.get_context("spawn")
+    results = context.Queue()
+    ports = [free_loopback_port() for _ in peers]
+    processes = [
+        context.Process(target=_peers_in_turn, args=(rank, world_size, ports, results, peers))
+        for rank in range(world_size)
+    ]
+    for process in processes:
+        process.start()
+    reports: list[dict] = []
+    deadline = time.monotonic() + timeout_s
+    while len(reports) < world_size * len(peers):
+        assert time.monotonic() < deadline, f"{len(reports)} reports in {timeout_s} s"
+        try:
+            reports.append(results.get(timeout=1))
+        except queue.Empty:
+            failed = [p.exitcode for p in processes if p.exitcode not in (None, 0)]
+            assert not failed, f"a rank exited with {failed} after {len(reports)} reports"
+    for process in processes:
+        process.join(timeout=60)
+        assert process.exitcode == 0, f"rank exited with {process.exitcode}"
+    return {
+        name: sorted((r for r in reports if r["peer"] == name), key=lambda r: r["rank"])
+        for name in peers
+    }
+
+
 @contextlib.contextmanager
 def megatron_rank(rank: int, world_size: int, port: int, settings, backend: str = "gloo"):
     """This process as one rank of a Megatron run: default group and Megatron's parallel

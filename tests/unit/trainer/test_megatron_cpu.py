@@ -11,7 +11,7 @@ import copy
 import megatron.core  # noqa: F401  (the test extra installs it: missing fails, never skips)
 import pytest
 import torch
-from megatron_factories import right_padded_batch, run_ranks, tiny_qwen3, tiny_qwen3_moe
+from megatron_factories import right_padded_batch, run_peers_in_turn, tiny_qwen3, tiny_qwen3_moe
 
 from relax_hpc.trainer.megatron import mapping
 from relax_hpc.trainer.torch_backend import TorchModel
@@ -186,26 +186,36 @@ def test_a_restored_scheduler_continues_where_the_saved_one_stopped():
     assert optimizer.param_groups[0]["lr"] == saved_optimizer.param_groups[0]["lr"]
 
 
-def test_tensor_parallel_2_on_cpu_matches_hf():
-    """Two gloo processes, TP=2: each rank's shard (split by megatron.mapping) computes the
-    HF logits and HF gradients, and the gathered HF export is exact."""
+@pytest.fixture(scope="module")
+def parallel_reports() -> dict[str, list[dict]]:
+    """The TP, EP, PP and CP peers' reports, from one pair of gloo processes that run the
+    four in turn (each layout on its own process groups): four pairs of interpreters
+    importing torch and Megatron cost ~40 s on 2 cores, and the layouts are the subject."""
+    from megatron_cp_peer import run_cp_rank
+    from megatron_ep_peer import run_ep_rank
+    from megatron_pp_peer import run_pp_rank
     from megatron_tp_peer import run_tp_rank
 
-    reports = run_ranks(run_tp_rank)
+    peers = {"tp": run_tp_rank, "ep": run_ep_rank, "pp": run_pp_rank, "cp": run_cp_rank}
+    return run_peers_in_turn(peers)
+
+
+def test_tensor_parallel_2_on_cpu_matches_hf(parallel_reports):
+    """Two gloo processes, TP=2: each rank's shard (split by megatron.mapping) computes the
+    HF logits and HF gradients, and the gathered HF export is exact."""
+    reports = parallel_reports["tp"]
     for report in reports:
         assert report["logit_error"] < LOGIT_ATOL, report
         assert report["grad_error"] < 1e-4, report
         assert report["export_exact"], report
 
 
-def test_expert_parallel_2_on_cpu_matches_hf():
+def test_expert_parallel_2_on_cpu_matches_hf(parallel_reports):
     """Two gloo processes, EP=2 over a 4-expert Qwen3-MoE, a different input on each rank:
     each holds its 2 experts renumbered 0..1, computes the HF logits of its input, gets the
     HF gradients (experts: summed over both ranks' tokens), gathers an exact HF export, and
     both agree on the larger micro-batch count (1 vs 3 -> 3)."""
-    from megatron_ep_peer import run_ep_rank
-
-    reports = run_ranks(run_ep_rank)
+    reports = parallel_reports["ep"]
     for report in reports:
         assert report["logit_error"] < LOGIT_ATOL, report
         assert report["grad_error"] < 1e-4, report
@@ -214,13 +224,11 @@ def test_expert_parallel_2_on_cpu_matches_hf():
         assert report["lockstep"] == 3, report
 
 
-def test_pipeline_parallel_2_on_cpu_matches_hf():
+def test_pipeline_parallel_2_on_cpu_matches_hf(parallel_reports):
     """Two gloo processes, PP=2 (one layer per stage), driven by hand as Megatron's schedule
     does for a micro-batch: the last stage's logits are HF's, each stage's parameters are its
     own slice (layers renumbered) with HF's gradients, and both gather an exact HF export."""
-    from megatron_pp_peer import run_pp_rank
-
-    reports = run_ranks(run_pp_rank)
+    reports = parallel_reports["pp"]
     assert reports[1]["logit_error"] < LOGIT_ATOL, reports[1]
     for report in reports:
         assert report["pipelined"], report
@@ -229,13 +237,11 @@ def test_pipeline_parallel_2_on_cpu_matches_hf():
         assert report["export_exact"], report
 
 
-def test_context_parallel_2_on_cpu_matches_hf():
+def test_context_parallel_2_on_cpu_matches_hf(parallel_reports):
     """Two gloo processes, CP=2 (tied embeddings, a batch padded from 9 to 12 tokens): both
     ranks get HF's response log-probs and entropies for the whole sequence, and gradients
     averaged over the CP ranks (as Megatron's DDP does) are HF's."""
-    from megatron_cp_peer import run_cp_rank
-
-    reports = run_ranks(run_cp_rank)
+    reports = parallel_reports["cp"]
     for report in reports:
         assert report["cp"] == (2, report["rank"]), report
         assert report["local_logits"] == (3, 6, 128), report  # half of the 12 padded tokens
