@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import re
 import signal
 import sys
 import time
@@ -194,16 +195,15 @@ class RecoveryLog:
 
     def _tell(self, event: dict, step: int) -> tuple[str, str, str] | None:
         component, reason = event.get("component", "?"), event.get("reason", "?")
-        worker = component.split("/", 1)[-1]
-        task = worker[1:] if worker.startswith("r") and worker[1:].isdigit() else worker
+        role, _, worker = component.rpartition("/")
+        own = re.fullmatch(r"(r|judge)(\d+)", worker)  # the run's own task <rank>, not a pool's
+        log_path = self.paths.task_log(role or "rollout", own.group(2) if own else worker)
+        lines = tail_text(log_path, self.cfg.observe.alerts.log_lines)
         if event.get("event") != "component_restarted":
             log.warning("watch: %s: %s", component, event.get("detail", reason))
-            if not component.startswith("rollout/") or task != worker:
+            if own:
                 return None  # the run's own worker or judge: the start ends, its alert tells it
             what = f"{component} FAILED after {event.get('restarts')} restart(s); the run goes on"
-            lines = tail_text(
-                self.paths.task_log("rollout", task), self.cfg.observe.alerts.log_lines
-            )
             return "failed", what, f"{event.get('detail', reason)}\nLast log lines:\n{lines}"
         self.restarts += 1
         what = (
@@ -212,7 +212,6 @@ class RecoveryLog:
         )
         log.warning("watch: %s: %s", what, reason)
         self._scalar(step)
-        lines = tail_text(self.paths.task_log("rollout", task), self.cfg.observe.alerts.log_lines)
         body = f"{component} {reason}; the trainer keeps training.\nLast log lines:\n{lines}"
         return "recovered", what, body
 

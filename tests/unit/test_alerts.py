@@ -253,6 +253,28 @@ def test_a_given_up_pool_worker_is_a_failed_alert_and_the_runs_own_is_left_to_th
     assert "RuntimeError: engine lost its device" in gave_up[0].body  # its log's last lines
 
 
+def test_a_restarted_judge_is_told_with_the_last_lines_of_its_own_log(tmp_path):
+    from relax_hpc.observe.events import emit_event
+
+    cfg, paths = _run(tmp_path, min_interval_s=0)
+    sent: list[Alert] = []
+    notifier = Notifier(
+        cfg.observe.alerts,
+        RateLimiter(cfg.observe.alerts, AlertState(paths.alert_state)),
+        lambda a: sent.append(a) or True,
+    )
+    watcher = RunWatcher(cfg, paths, notifier)
+    watcher.on_start("7", restart=0)
+    paths.task_log("judge", 0).write_text("judge: RuntimeError: the judge's engine died\n")
+    emit_event(paths, "component_restarted", component="judge/judge0", reason="exited with "
+               "-9", restarts=1, max_restarts=3)  # fmt: skip
+    watcher.poll()
+    notifier.close(timeout_s=10)
+    (told,) = [a for a in sent if a.event == "recovered"]
+    assert "judge/judge0 restarted in place (1 of 3)" in told.title
+    assert "the judge's engine died" in told.body
+
+
 def test_resumed_run_is_told_as_resumed_and_first_step_only_once(tmp_path):
     cfg, paths = _run(tmp_path, min_interval_s=0)
     sent: list[Alert] = []
