@@ -12,7 +12,7 @@ with the same optimizer and loss. Printed, measured in this one run:
   reward child, ...), read from /proc by ``process_cpu.TreeCpuSampler``, per process too;
 - relax_hpc's overlap: its step time over max(generation, training) of its own timers
   (1.0: the two roles fully overlap; sync mode is bounded by their sum instead);
-- final held-out greedy accuracy of each, by relax_hpc's own evaluator (``rollout.main.
+- final held-out greedy accuracy of each, by relax_hpc's own evaluator (``rollout.evaluation.
   make_evaluator``: 256 held-out pairs, greedy, exact match);
 - relax_hpc / TRL for each relax_hpc mode: samples/s, s/step and CPU s/sample, next to the
   targets of issue 33; ``--json PATH`` writes every figure (``build_report``);
@@ -68,7 +68,8 @@ from relax_hpc.observe.metrics import MetricsLogger  # noqa: E402
 from relax_hpc.paths import RunPaths  # noqa: E402
 from relax_hpc.rollout.engines.base import Completion  # noqa: E402
 from relax_hpc.rollout.engines.transformers_engine import TransformersEngine  # noqa: E402
-from relax_hpc.rollout.main import SampleScorer, make_evaluator, make_scorer  # noqa: E402
+from relax_hpc.rollout.evaluation import make_evaluator  # noqa: E402
+from relax_hpc.rollout.scoring import SampleScorer, make_scorer  # noqa: E402
 from relax_hpc.trainer.networks import initial_model_config  # noqa: E402
 
 EXPERIMENT = ["+experiment=grpo_tiny", "cluster=local"]

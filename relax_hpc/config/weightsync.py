@@ -83,7 +83,7 @@ def run_backend(config: WeightSyncConfig, trainer_on_gpu: bool) -> str:
     """The backend a run's trainer sends with, once the run's layout is known.
 
     ``sglang_distributed`` broadcasts into SGLang's GPU workers: NCCL on a GPU trainer. The
-    bucket transport's receivers (``rollout.main``) stage in host memory for every engine
+    bucket transport's receivers (``rollout.weights``) stage in host memory for every engine
     (SGLang loads host tensors through ``update_weights_from_tensor``), so it runs over Gloo,
     which also works where trainer and engines share GPUs (``mode=sync``).
     """

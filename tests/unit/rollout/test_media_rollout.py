@@ -177,7 +177,7 @@ def test_sglang_refuses_prompt_ids_the_images_do_not_fill(sglang_stand_in):
 
 def test_the_held_out_eval_reads_the_images_too(tmp_path):
     from relax_hpc.paths import RunPaths
-    from relax_hpc.rollout.main import make_evaluator
+    from relax_hpc.rollout.evaluation import make_evaluator
 
     engine, tokenizer, processor = vision_engine()
     cfg = dataclasses.replace(

@@ -24,8 +24,8 @@ from relax_hpc.checkpoint.store import CheckpointStore
 from relax_hpc.config.schema import TrainerConfig
 from relax_hpc.observe.metrics import MetricsLogger
 from relax_hpc.paths import RunPaths
-from relax_hpc.rollout.main import SampleScorer
 from relax_hpc.rollout.rewards.result import call_reward
+from relax_hpc.rollout.scoring import SampleScorer
 from relax_hpc.spool import Sample, ShardWriter, SpoolReader
 from relax_hpc.trainer.backend import HFNetworks, make_backend
 from relax_hpc.trainer.batch import collate
