@@ -161,8 +161,13 @@ def test_racing_processes_generate_every_group_once(tmp_path, die_after):
         )
         for i in range(3)
     ]
+    if die_after:  # r1 first, alone, so that it surely dies holding a redo (not after the
+        # others took every one, as a loaded machine could let happen); then the race
+        workers[1].start()
+        workers[1].join(timeout=60)
     for process in workers:
-        process.start()
+        if process.pid is None:
+            process.start()
     for process in workers:
         process.join(timeout=60)
     assert [p.exitcode for p in workers] == [0, -signal.SIGKILL if die_after else 0, 0]
@@ -241,8 +246,13 @@ def test_racing_processes_generate_every_redo_once(tmp_path, die_after):
         )
         for i in range(3)
     ]
+    if die_after:  # r1 first, alone, so that it surely dies holding a redo (not after the
+        # others took every one, as a loaded machine could let happen); then the race
+        workers[1].start()
+        workers[1].join(timeout=60)
     for process in workers:
-        process.start()
+        if process.pid is None:
+            process.start()
     for process in workers:
         process.join(timeout=60)
     assert [p.exitcode for p in workers] == [0, -signal.SIGKILL if die_after else 0, 0]

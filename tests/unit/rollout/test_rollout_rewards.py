@@ -143,7 +143,10 @@ with build_reward("rollout_reward_fixtures:user_exact_match", timeout_s=5) as sc
     assert len(children) >= 2, children  # the forkserver and the pool's worker
     for pid in [*children, os.getpid()]:
         os.kill(pid, signal.SIGUSR1)
-    time.sleep(0.5)
+    deadline = time.monotonic() + 20  # a loaded machine may schedule the handler late
+    while not received and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(0.5)  # the children's turn to die of it, if they would
     assert all(alive(pid) for pid in children), "a reward process died of USR1"
     assert scorer("5", PromptRecord("2+2=", [1], "4")).score == 0.0
 assert received == [1], received  # this process's own handler was restored, not ignored
