@@ -131,6 +131,21 @@ def test_another_batch_size_is_refused_and_the_first_chunk_size_kept(tmp_path):
         GroupAssignment(tmp_path / "assign", "r1", 6, C, lease_s=60)
 
 
+def race(workers: list, die_after: int | None) -> None:
+    """Run ``workers`` to their end; with ``die_after``, r1 (``workers[1]``) runs first and
+    alone, so that it surely dies holding what it claimed (on a loaded machine the others
+    could otherwise take everything first and r1 would exit 0), then the others race."""
+    if die_after:
+        workers[1].start()
+        workers[1].join(timeout=60)
+    for process in workers:
+        if process.pid is None:
+            process.start()
+    for process in workers:
+        process.join(timeout=60)
+    assert [p.exitcode for p in workers] == [0, -signal.SIGKILL if die_after else 0, 0]
+
+
 def _claim_until(root, worker: str, batches: int, lease_s: float, log_path, die_after: int):
     """A worker process: claim, 'generate', record, complete, until the stream's end."""
     heartbeat = WorkerHeartbeat(root, worker, interval_s=0.05).start()
@@ -161,16 +176,7 @@ def test_racing_processes_generate_every_group_once(tmp_path, die_after):
         )
         for i in range(3)
     ]
-    if die_after:  # r1 first, alone, so that it surely dies holding a redo (not after the
-        # others took every one, as a loaded machine could let happen); then the race
-        workers[1].start()
-        workers[1].join(timeout=60)
-    for process in workers:
-        if process.pid is None:
-            process.start()
-    for process in workers:
-        process.join(timeout=60)
-    assert [p.exitcode for p in workers] == [0, -signal.SIGKILL if die_after else 0, 0]
+    race(workers, die_after)
     generated = [
         group
         for log in tmp_path.glob("r*.log")
@@ -246,16 +252,7 @@ def test_racing_processes_generate_every_redo_once(tmp_path, die_after):
         )
         for i in range(3)
     ]
-    if die_after:  # r1 first, alone, so that it surely dies holding a redo (not after the
-        # others took every one, as a loaded machine could let happen); then the race
-        workers[1].start()
-        workers[1].join(timeout=60)
-    for process in workers:
-        if process.pid is None:
-            process.start()
-    for process in workers:
-        process.join(timeout=60)
-    assert [p.exitcode for p in workers] == [0, -signal.SIGKILL if die_after else 0, 0]
+    race(workers, die_after)
     generated = [
         tuple(json.loads(line))
         for log in tmp_path.glob("r*.log")
