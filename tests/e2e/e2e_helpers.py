@@ -257,3 +257,29 @@ def learns_from_media_not_blank(
     shard_bytes = [b for b in rollout["spool/shard_bytes"] if b > 0]
     assert shard_bytes and max(shard_bytes) < max_shard_bytes_per_step, shard_bytes
     assert rollout["data/train_rows_skipped"][-1] == 0
+
+
+def check_sigkilled_media_run(run_dir: Path, small: list[str], experiment: str, media: str):
+    """A media run (``media``: ``images`` or ``audio``) whose trainer is SIGKILLed at step 4
+    of 6 resumes from the checkpoint of step 3, and every sample of the consumed shards is
+    trained once, each with its ``media``."""
+    from relax_hpc.spool import check_exactly_once
+
+    paths = RunPaths(run_dir)
+    overrides = [
+        *small,
+        "trainer.total_steps=6",
+        "trainer.checkpoint_interval_steps=3",
+        "cluster.max_restarts=0",
+    ]
+    second = sigkill_trainer_then_resume(run_dir, overrides, experiment=experiment)
+    assert second.returncode == 0, failure_report(second, run_dir)
+    log = paths.task_log("trainer", 0).read_text()
+    assert "resumed from" in log and "step 3)" in log and "step 6/6" in log
+    trained, samples = trained_and_published(paths)
+    assert len(trained) == 6
+    published = {s.sample_id for s in samples}
+    assert not check_exactly_once(published | {s for step in trained for s in step}, trained)
+    trained_ids = {s for step in trained for s in step}
+    with_media = {s.sample_id for s in samples if s.media is not None and getattr(s.media, media)}
+    assert trained_ids <= published and trained_ids <= with_media

@@ -14,15 +14,14 @@ import numpy as np
 import pytest
 import soundfile
 from e2e_helpers import (
+    check_sigkilled_media_run,
     failure_report,
     scalars,
-    sigkill_trainer_then_resume,
     submit,
     trained_and_published,
 )
 
 from relax_hpc.paths import RunPaths, read_json
-from relax_hpc.spool import check_exactly_once
 
 pytestmark = pytest.mark.slow
 
@@ -96,21 +95,4 @@ def test_audio_rows_with_a_truncated_wav_train_and_count_the_row(tmp_path):
 
 
 def test_a_sigkilled_trainer_resumes_and_trains_every_audio_sample_once(tmp_path):
-    run_dir, paths = tmp_path / "run", RunPaths(tmp_path / "run")
-    overrides = [
-        *SMALL,
-        "trainer.total_steps=6",
-        "trainer.checkpoint_interval_steps=3",
-        "cluster.max_restarts=0",
-    ]
-    second = sigkill_trainer_then_resume(run_dir, overrides, experiment=OMNI)
-    assert second.returncode == 0, failure_report(second, run_dir)
-    log = paths.task_log("trainer", 0).read_text()
-    assert "resumed from" in log and "step 3)" in log and "step 6/6" in log
-    trained, samples = trained_and_published(paths)
-    assert len(trained) == 6
-    published = {s.sample_id for s in samples}
-    assert not check_exactly_once(published | {s for step in trained for s in step}, trained)
-    trained_ids = {s for step in trained for s in step}
-    with_audio = {s.sample_id for s in samples if s.media is not None and s.media.audio}
-    assert trained_ids <= published and trained_ids <= with_audio
+    check_sigkilled_media_run(tmp_path / "run", SMALL, OMNI, "audio")

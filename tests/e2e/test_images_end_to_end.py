@@ -14,9 +14,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from e2e_helpers import (
+    check_sigkilled_media_run,
     failure_report,
     scalars,
-    sigkill_trainer_then_resume,
     submit,
     trained_and_published,
 )
@@ -94,24 +94,7 @@ def test_a_geometry3k_parquet_with_a_corrupt_image_trains_and_counts_the_row(tmp
 
 
 def test_a_sigkilled_trainer_resumes_and_trains_every_image_sample_once(tmp_path):
-    run_dir, paths = tmp_path / "run", RunPaths(tmp_path / "run")
-    overrides = [
-        *SMALL,
-        "trainer.total_steps=6",
-        "trainer.checkpoint_interval_steps=3",
-        "cluster.max_restarts=0",
-    ]
-    second = sigkill_trainer_then_resume(run_dir, overrides, experiment=VL)
-    assert second.returncode == 0, failure_report(second, run_dir)
-    log = paths.task_log("trainer", 0).read_text()
-    assert "resumed from" in log and "step 3)" in log and "step 6/6" in log
-    trained, samples = trained_and_published(paths)
-    assert len(trained) == 6
-    published = {s.sample_id for s in samples}
-    assert not check_exactly_once(published | {s for step in trained for s in step}, trained)
-    trained_ids = {s for step in trained for s in step}
-    with_images = {s.sample_id for s in samples if s.media is not None and s.media.images}
-    assert trained_ids <= published and trained_ids <= with_images
+    check_sigkilled_media_run(tmp_path / "run", SMALL, VL, "images")
 
 
 def test_a_multi_turn_image_episode_runs_through_submit(tmp_path):
