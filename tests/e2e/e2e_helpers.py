@@ -43,6 +43,25 @@ def submit_command(run_dir: Path, *overrides: str, experiment: str = "grpo_tiny"
     ]
 
 
+def start_submit(
+    run_dir: Path,
+    *overrides: str,
+    experiment: str = "grpo_tiny",
+    env: dict | None = None,
+    stdout=subprocess.PIPE,
+) -> subprocess.Popen:
+    """``submit_command`` started in the background (a local run's submit supervises the
+    run until it ends); its stderr, and by default its stdout, piped as text."""
+    return subprocess.Popen(
+        submit_command(run_dir, *overrides, experiment=experiment),
+        cwd=REPO,
+        env={**submit_env(), **(env or {})},
+        stdout=stdout,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
 def submit(
     run_dir: Path,
     *overrides: str,
@@ -131,14 +150,7 @@ def sigkill_trainer_then_resume(
     final checkpoint), then ``submit ... resume=auto`` (with ``resume_overrides``, default
     the same overrides): the second submit's result."""
     paths = RunPaths(run_dir)
-    first = subprocess.Popen(
-        submit_command(run_dir, *overrides, experiment=experiment),
-        cwd=REPO,
-        env=submit_env(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    first = start_submit(run_dir, *overrides, experiment=experiment)
     wait_for_step(paths.trainer_status, kill_at_step, first, timeout_s=600)
     os.kill(read_json(paths.rendezvous_dir / "trainer.json")["pid"], signal.SIGKILL)
     _, stderr = first.communicate(timeout=300)
@@ -172,14 +184,7 @@ def submit_side_by_side(
     name. For runs that share no files: on 2 cores one run's generation overlaps the other's
     trainer step, so a pair takes a little more than one run, not two."""
     processes = {
-        name: subprocess.Popen(
-            submit_command(run_dir, *overrides, experiment=experiment),
-            cwd=REPO,
-            env={**submit_env(), **(env or {})},
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
+        name: start_submit(run_dir, *overrides, experiment=experiment, env=env)
         for name, (run_dir, overrides) in runs.items()
     }
     deadline = time.monotonic() + timeout_s

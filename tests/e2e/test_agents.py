@@ -28,6 +28,7 @@ from e2e_helpers import (
     failure_report,
     run_task_pids,
     scalars,
+    start_submit,
     submit,
     submit_command,
     submit_env,
@@ -84,14 +85,7 @@ def faulty_run(tmp_path_factory):
     root = tmp_path_factory.mktemp("faulty")
     run_dir, markers = root / "run", root / "markers"
     markers.mkdir()
-    first = subprocess.Popen(
-        submit_command(run_dir, *faulty_overrides(markers)),
-        cwd=REPO,
-        env={**submit_env(), **USER_ENV},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    first = start_submit(run_dir, *faulty_overrides(markers), env=USER_ENV)
     paths = RunPaths(run_dir)
     try:
         wait_for_step(paths.trainer_status, 3, first, timeout_s=300)

@@ -17,6 +17,7 @@ from e2e_helpers import (
     is_running,
     run_task_pids,
     scalars,
+    start_submit,
     submit,
     submit_command,
     submit_env,
@@ -152,15 +153,7 @@ def test_sigkilled_trainer_resumes_from_the_last_checkpoint(tmp_path):
         "spool.keep_consumed=true",
         "rollout.eval_interval_steps=0",
     ]
-    command = submit_command(run_dir, *overrides)
-    first = subprocess.Popen(
-        command,
-        cwd=REPO,
-        env=submit_env(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    first = start_submit(run_dir, *overrides)
     paths = RunPaths(run_dir)
     wait_for_step(paths.trainer_status, 15, first, timeout_s=600)
     trainer_pid = read_json(paths.rendezvous_dir / "trainer.json")["pid"]

@@ -11,7 +11,7 @@ import subprocess
 import time
 
 import pytest
-from e2e_helpers import eval_history, failure_report, scalars, submit
+from e2e_helpers import eval_history, failure_report, scalars, start_submit, submit
 from reward_fixtures import ScriptedRewardServer
 
 from relax_hpc.paths import RunPaths, read_json
@@ -129,7 +129,7 @@ def test_a_killed_judge_of_its_own_is_restarted_alone_and_the_run_goes_on(tmp_pa
     """judge.placement=component, its server SIGKILLed mid-run: the judge task's keeper
     starts a new server (new address, new token), the rollout finds it without a restart of
     its own, the run is never restarted, and every sample is trained once."""
-    from e2e_helpers import REPO, submit_command, submit_env, wait_for_step
+    from e2e_helpers import wait_for_step
 
     from relax_hpc.cancel import request_cancel
     from relax_hpc.rollout.rewards.judge_address import read_judge_addresses
@@ -146,14 +146,7 @@ def test_a_killed_judge_of_its_own_is_restarted_alone_and_the_run_goes_on(tmp_pa
         "rollout.n_samples_per_prompt=4",
         "observe.audit_sample_ids=true",
     ]
-    run = subprocess.Popen(
-        submit_command(run_dir, *overrides, experiment="grpo_tiny_judge"),
-        cwd=REPO,
-        env=submit_env(),
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    run = start_submit(run_dir, *overrides, experiment="grpo_tiny_judge", stdout=subprocess.DEVNULL)
     try:
         wait_for_step(paths.trainer_status, 2, run, timeout_s=900)
         first = read_judge_addresses(paths)[0]

@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
-from e2e_helpers import REPO, failure_report, scalars, submit_command, submit_env
+from e2e_helpers import failure_report, scalars, start_submit
 
 from relax_hpc.judge.server import MAX_READING, READ_DEADLINE_S
 from relax_hpc.paths import RunPaths, read_json
@@ -147,20 +147,12 @@ def trained_steps(paths: RunPaths) -> int:
 def test_a_judge_flooded_while_the_run_trains_serves_it_to_the_end(tmp_path):
     run_dir = tmp_path / "run"
     paths = RunPaths(run_dir)
-    command = submit_command(
+    process = start_submit(
         run_dir,
         f"trainer.total_steps={STEPS}",
         "judge.placement=component",
         "rollout.eval_interval_steps=0",
         experiment="grpo_tiny_judge",
-    )
-    process = subprocess.Popen(
-        command,
-        cwd=REPO,
-        env=submit_env(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
     )
     flood = None
     try:
@@ -175,7 +167,7 @@ def test_a_judge_flooded_while_the_run_trains_serves_it_to_the_end(tmp_path):
         if process.poll() is None:
             process.kill()
             process.communicate()
-    result = subprocess.CompletedProcess(command, process.returncode, stdout, stderr)
+    result = subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)
     assert result.returncode == 0, failure_report(result, run_dir)
     assert started_at_step < STEPS - 2  # most steps were trained under the flood
     # Every sample was judged, by the judge that was flooded.

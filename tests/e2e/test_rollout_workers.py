@@ -14,7 +14,7 @@ import time
 from collections import Counter
 
 import pytest
-from e2e_helpers import REPO, failure_report, scalars, submit_command, submit_env, wait_for_step
+from e2e_helpers import failure_report, scalars, start_submit, wait_for_step
 
 from relax_hpc.cancel import request_cancel
 from relax_hpc.paths import RunPaths, read_json
@@ -96,17 +96,13 @@ def wait_for_new_groups(paths: RunPaths, workers: list[str], run) -> list[int]:
     raise AssertionError(f"no new groups within 300 s from {workers}")
 
 
-def test_a_killed_and_a_hung_worker_are_restarted_in_place_and_lose_nothing(
-    tmp_path, webhook_sink
-):
+def test_a_killed_and_a_hung_worker_are_restarted_in_place_and_lose_nothing(tmp_path, webhook_sink):
     run_dir, paths = tmp_path / "run", RunPaths(tmp_path / "run")
-    run = subprocess.Popen(
-        submit_command(run_dir, *THREE_WORKERS, "cluster.max_restarts=0"),
-        cwd=REPO,
-        env={**submit_env(), "RELAX_HPC_ALERT_URLS": webhook_sink.url},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
+    run = start_submit(
+        run_dir,
+        *THREE_WORKERS,
+        "cluster.max_restarts=0",
+        env={"RELAX_HPC_ALERT_URLS": webhook_sink.url},
     )
     wait_for_step(paths.trainer_status, 2, run, timeout_s=600)
     victims = {worker: heartbeat(paths, worker)["pid"] for worker in ("r1", "r2")}
