@@ -259,7 +259,10 @@ def _handler_class(server: JudgeServer) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
         default_request_version = "HTTP/1.1"  # a bad request line gets a status line (400)
-        timeout = server.guard.read_deadline_s  # per read; the guard bounds the whole request
+        # Per read, a backstop only: the guard's reaper cuts the whole request at its deadline
+        # (and counts it); a timeout equal to the deadline would race the reaper on a loaded
+        # machine and end connections uncounted.
+        timeout = 2 * server.guard.read_deadline_s
 
         def do_POST(self) -> None:  # noqa: N802 (http.server's naming)
             if self.path.split("?")[0] != SCORE_PATH:
