@@ -24,9 +24,11 @@ class WeightSyncConfig:
         first, which on a large model takes minutes. An engine without the connection gets
         ``timeout_s``.
     busy_steps: within that, an alive engine may take this many times the longest recent
-        step (the time between two syncs) to answer, at least ``timeout_s``; a hung engine
-        (stopped, connection open) is dropped after this and rejoins when it runs again.
-        0: always ``busy_timeout_s``.
+        step (the time between two syncs) to answer, at least ``busy_floor_s``; a hung
+        engine (stopped, connection open) is dropped after this and rejoins when it runs
+        again. 0: always ``busy_timeout_s``.
+    busy_floor_s: the least that bound is, however short the steps: an engine descheduled
+        for a moment on a loaded node is not a hung one (a wrong drop costs a rejoin).
     bucket_mb: size of one flat send buffer; tensors are packed into such buckets.
     interval_steps: the trainer syncs every ``interval_steps`` optimizer steps.
     serve_dtype: floating-point tensors are converted to it on the sender (``same`` keeps them).
@@ -45,6 +47,7 @@ class WeightSyncConfig:
     timeout_s: float = 60.0
     busy_timeout_s: float = 3600.0
     busy_steps: float = 4.0
+    busy_floor_s: float = 10.0
     bucket_mb: int = 256
     interval_steps: int = 1
     serve_dtype: str = "bfloat16"
@@ -63,6 +66,11 @@ class WeightSyncConfig:
             ("timeout_s", self.timeout_s > 0, "a positive number of seconds"),
             ("busy_timeout_s", self.busy_timeout_s >= self.timeout_s, "at least timeout_s"),
             ("busy_steps", self.busy_steps >= 0, "0 (always busy_timeout_s) or a positive factor"),
+            (
+                "busy_floor_s",
+                0 < self.busy_floor_s <= self.busy_timeout_s,
+                "a positive number of seconds, at most busy_timeout_s",
+            ),
             ("bucket_mb", self.bucket_mb >= 1, "at least 1"),
             ("interval_steps", self.interval_steps >= 1, "at least 1"),
             ("serve_dtype", self.serve_dtype in SERVE_DTYPES, f"one of {', '.join(SERVE_DTYPES)}"),

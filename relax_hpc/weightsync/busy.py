@@ -7,8 +7,8 @@ round that waited on a hung engine does not raise the next bound) and as how lon
 engines took to answer the rounds every one of them answered (a chunk can outlast a step
 when the trainer trains from a backlog). A connected engine may take
 ``weightsync.busy_steps`` times the longest of the last ``WINDOW`` of either to answer, at
-least ``timeout_s`` (the bound of every other phase) and at most ``busy_timeout_s``; before
-the first step between two syncs, ``busy_timeout_s``. A stopped (SIGSTOP) or
+least ``busy_floor_s`` (an engine descheduled for a moment is not hung) and at most
+``busy_timeout_s``; before the first step between two syncs, ``busy_timeout_s``. A stopped (SIGSTOP) or
 frozen engine keeps its liveness connection open, so this bound, not the connection, ends
 the wait: the engine is dropped and comes back as a joiner once it runs again, or once its
 keeper restarted it. Must not: know about rounds, engines or the store.
@@ -27,12 +27,12 @@ class BusyBound:
     def __init__(
         self,
         busy_steps: float,
-        timeout_s: float,
+        floor_s: float,
         busy_timeout_s: float,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.busy_steps = busy_steps
-        self.timeout_s = timeout_s
+        self.floor_s = floor_s
         self.busy_timeout_s = busy_timeout_s
         self._clock = clock
         self._step_s: deque[float] = deque(maxlen=WINDOW)
@@ -56,4 +56,4 @@ class BusyBound:
         if not self.busy_steps or not self._step_s:
             return self.busy_timeout_s
         derived = self.busy_steps * max([*self._step_s, *self._answer_s])
-        return min(max(derived, self.timeout_s), self.busy_timeout_s)
+        return min(max(derived, self.floor_s), self.busy_timeout_s)

@@ -122,7 +122,7 @@ class WeightSender:
         self._layout: protocol.Layout | None = None
         self._num_syncs = 0
         self._busy = BusyBound(
-            self.config.busy_steps, self.config.timeout_s, self.config.busy_timeout_s
+            self.config.busy_steps, self.config.busy_floor_s, self.config.busy_timeout_s
         )
         self._round_candidates: dict[int, list[str]] = {}
 

@@ -220,7 +220,7 @@ def test_an_engine_busy_generating_is_waited_for_and_a_stopped_one_dropped(run, 
     import time
 
     paths, processes, make_sender = run
-    cfg = replace(config, timeout_s=1.0, busy_timeout_s=8.0, busy_steps=0)  # no step bound
+    cfg = replace(config, timeout_s=1.0, busy_timeout_s=8.0, busy_steps=0, busy_floor_s=1.0)
     sender = make_sender(cfg)
     processes.append(spawn_engine(paths.root, "busy", cfg, mode="busy:3"))
     _await_admitted(sender, ["busy"])
@@ -254,7 +254,7 @@ def test_a_stopped_engine_costs_one_round_bounded_by_the_step_time_and_rejoins(r
     import time
 
     paths, processes, make_sender = run
-    cfg = replace(config, timeout_s=1.0, busy_timeout_s=600.0, busy_steps=3.0)
+    cfg = replace(config, timeout_s=1.0, busy_timeout_s=600.0, busy_steps=3.0, busy_floor_s=1.0)
     step_s = 1.0  # what the test's "training step" between two syncs takes
     sender = make_sender(cfg)
     processes += [spawn_engine(paths.root, e, cfg) for e in ("steady", "stopped")]

@@ -119,6 +119,9 @@ BAD_CONFIGS = [
     ),
     pytest.param(TINY + ["weightsync.backend=nccl"], "weightsync.backend", id="nccl-buckets"),
     pytest.param(
+        TINY + ["weightsync.busy_floor_s=4000"], "weightsync.busy_floor_s", id="floor-over-busy"
+    ),
+    pytest.param(
         TINY + ["+rollout.environment_options.tool_enabled=false"],
         "rollout.environment_options",
         id="environment-options-without-environment",
