@@ -65,6 +65,18 @@ def heartbeat(paths: RunPaths, worker: str) -> dict:
     return read_json(paths.rollout_assignment_dir / "workers" / f"{worker}.json", default={})
 
 
+def worker_pids(paths: RunPaths, workers: tuple[str, ...], run) -> dict[str, int]:
+    """The pid each of ``workers`` beats with, once every one has beaten."""
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        assert run.poll() is None, "the run ended before its workers beat"
+        pids = {worker: heartbeat(paths, worker).get("pid") for worker in workers}
+        if all(pids.values()):
+            return pids
+        time.sleep(0.2)
+    raise AssertionError(f"no heartbeat within 300 s from {workers}")
+
+
 def groups_of(paths: RunPaths, writer: str) -> int:
     status = SpoolLayout(paths.spool_dir).writer_status_path(writer)
     return read_json(status, default={}).get("num_groups", 0)
@@ -105,7 +117,7 @@ def test_a_killed_and_a_hung_worker_are_restarted_in_place_and_lose_nothing(tmp_
         env={"RELAX_HPC_ALERT_URLS": webhook_sink.url},
     )
     wait_for_step(paths.trainer_status, 2, run, timeout_s=600)
-    victims = {worker: heartbeat(paths, worker)["pid"] for worker in ("r1", "r2")}
+    victims = worker_pids(paths, ("r1", "r2"), run)  # on 2 loaded cores r0 may train alone first
     os.kill(victims["r1"], signal.SIGKILL)  # mid-chunk or between chunks: no warning
     os.kill(victims["r2"], signal.SIGSTOP)  # hung: alive, silent, holding its claims
     steps = steps_until_restarted(paths, victims, run)
