@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import signal
 import subprocess
@@ -217,6 +218,29 @@ def two_at_a_time(calls: dict[str, Callable[[], T]]) -> Iterator[dict[str, Futur
         pool.shutdown(wait=True, cancel_futures=True)
 
 
+@contextlib.contextmanager
+def runs_of_selected_tests(
+    request, tmp_path_factory, runs: dict[Callable, Callable[[Path], T]]
+) -> Iterator[Callable[[str], tuple[Path, T]]]:
+    """``runs`` (test function -> its run, made in the run directory it is given) of the tests
+    of ``request``'s module that this session runs, two at a time (``two_at_a_time``):
+    yields ``result_of(test name)`` -> (run_dir, what its run returned), which waits for that
+    run only. For runs that share nothing; each test still asserts on its own run."""
+    selected = {i.originalname for i in request.session.items if i.module is request.module}
+    run_dirs = {
+        test.__name__: tmp_path_factory.mktemp(test.__name__.removeprefix("test_")[:30]) / "run"
+        for test in runs
+        if test.__name__ in selected
+    }
+    calls = {
+        test.__name__: functools.partial(run, run_dirs[test.__name__])
+        for test, run in runs.items()
+        if test.__name__ in run_dirs
+    }
+    with two_at_a_time(calls) as futures:
+        yield lambda name: (run_dirs[name], futures[name].result())
+
+
 def selected_params(request, *argnames: str) -> list:
     """The values of the parameters ``argnames`` (a tuple each where several are named) of the
     tests of ``request``'s module that this session runs, in the order they run: ``-k`` one
@@ -264,20 +288,27 @@ def learns_from_media_not_blank(
     assert rollout["data/train_rows_skipped"][-1] == 0
 
 
-def check_sigkilled_media_run(run_dir: Path, small: list[str], experiment: str, media: str):
-    """A media run (``media``: ``images`` or ``audio``) whose trainer is SIGKILLed at step 4
-    of 6 resumes from the checkpoint of step 3, and every sample of the consumed shards is
-    trained once, each with its ``media``."""
-    from relax_hpc.spool import check_exactly_once
-
-    paths = RunPaths(run_dir)
+def sigkilled_media_run(
+    run_dir: Path, small: list[str], experiment: str
+) -> subprocess.CompletedProcess:
+    """A media run whose trainer is SIGKILLed at step 4 of 6 (checkpoints every 3 steps),
+    then resumed: the resumed submit's result, for ``check_sigkilled_media_run``."""
     overrides = [
         *small,
         "trainer.total_steps=6",
         "trainer.checkpoint_interval_steps=3",
         "cluster.max_restarts=0",
     ]
-    second = sigkill_trainer_then_resume(run_dir, overrides, experiment=experiment)
+    return sigkill_trainer_then_resume(run_dir, overrides, experiment=experiment)
+
+
+def check_sigkilled_media_run(run_dir: Path, second: subprocess.CompletedProcess, media: str):
+    """The run of ``sigkilled_media_run`` (``media``: ``images`` or ``audio``) resumed from
+    the checkpoint of step 3, and every sample of the consumed shards is trained once, each
+    with its ``media``."""
+    from relax_hpc.spool import check_exactly_once
+
+    paths = RunPaths(run_dir)
     assert second.returncode == 0, failure_report(second, run_dir)
     log = paths.task_log("trainer", 0).read_text()
     assert "resumed from" in log and "step 3)" in log and "step 6/6" in log

@@ -7,6 +7,7 @@ once. The model is the tiny Qwen2.5-Omni thinker of ``grpo_tiny_omni``.
 
 from __future__ import annotations
 
+import functools
 import io
 import json
 
@@ -16,7 +17,9 @@ import soundfile
 from e2e_helpers import (
     check_sigkilled_media_run,
     failure_report,
+    runs_of_selected_tests,
     scalars,
+    sigkilled_media_run,
     submit,
     trained_and_published,
 )
@@ -68,10 +71,9 @@ def write_audio_rows(folder, num_rows: int):
     return path
 
 
-def test_audio_rows_with_a_truncated_wav_train_and_count_the_row(tmp_path):
-    data = write_audio_rows(tmp_path / "data", num_rows=10)
-    run_dir, paths = tmp_path / "run", RunPaths(tmp_path / "run")
-    result = submit(
+def truncated_wav_run(run_dir):
+    data = write_audio_rows(run_dir.parent / "data", num_rows=10)
+    return submit(
         run_dir,
         *SMALL,
         "data.kind=jsonl",
@@ -81,6 +83,25 @@ def test_audio_rows_with_a_truncated_wav_train_and_count_the_row(tmp_path):
         experiment=OMNI,
         timeout_s=600,
     )
+
+
+@pytest.fixture(scope="module")
+def result_of(request, tmp_path_factory):
+    """The module's two runs share nothing, so they run side by side (a tiny run leaves one
+    of the two cores idle most of the time)."""
+    runs = {
+        test_audio_rows_with_a_truncated_wav_train_and_count_the_row: truncated_wav_run,
+        test_a_sigkilled_trainer_resumes_and_trains_every_audio_sample_once: functools.partial(
+            sigkilled_media_run, small=SMALL, experiment=OMNI
+        ),
+    }
+    with runs_of_selected_tests(request, tmp_path_factory, runs) as result_of:
+        yield result_of
+
+
+def test_audio_rows_with_a_truncated_wav_train_and_count_the_row(its_run):
+    run_dir, result = its_run
+    paths = RunPaths(run_dir)
     assert result.returncode == 0, failure_report(result, run_dir)
     assert read_json(paths.trainer_done)["step"] == 2
     log = paths.task_log("rollout", 0).read_text()
@@ -94,5 +115,5 @@ def test_audio_rows_with_a_truncated_wav_train_and_count_the_row(tmp_path):
     assert TRUNCATED_ROW not in {s.data_index for s in samples}
 
 
-def test_a_sigkilled_trainer_resumes_and_trains_every_audio_sample_once(tmp_path):
-    check_sigkilled_media_run(tmp_path / "run", SMALL, OMNI, "audio")
+def test_a_sigkilled_trainer_resumes_and_trains_every_audio_sample_once(its_run):
+    check_sigkilled_media_run(*its_run, "audio")

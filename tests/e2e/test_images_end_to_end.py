@@ -7,6 +7,7 @@ exactly once. The model is the tiny Qwen3-VL of ``grpo_tiny_vl``.
 
 from __future__ import annotations
 
+import functools
 import io
 
 import numpy as np
@@ -16,7 +17,9 @@ import pytest
 from e2e_helpers import (
     check_sigkilled_media_run,
     failure_report,
+    runs_of_selected_tests,
     scalars,
+    sigkilled_media_run,
     submit,
     trained_and_published,
 )
@@ -66,11 +69,10 @@ def write_geometry3k(path, num_rows: int) -> None:
     pq.write_table(pa.Table.from_pylist(rows, schema=types), path)
 
 
-def test_a_geometry3k_parquet_with_a_corrupt_image_trains_and_counts_the_row(tmp_path):
-    data = tmp_path / "geo3k.parquet"
+def corrupt_row_run(run_dir):
+    data = run_dir.parent / "geo3k.parquet"
     write_geometry3k(data, num_rows=10)
-    run_dir, paths = tmp_path / "run", RunPaths(tmp_path / "run")
-    result = submit(
+    return submit(
         run_dir,
         *SMALL,
         "data=geo3k",
@@ -81,6 +83,37 @@ def test_a_geometry3k_parquet_with_a_corrupt_image_trains_and_counts_the_row(tmp
         experiment=VL,
         timeout_s=600,
     )
+
+
+def multi_turn_run(run_dir):
+    return submit(
+        run_dir,
+        *SMALL,
+        "rollout.environment=brighter",
+        "trainer.total_steps=2",
+        experiment=VL,
+        timeout_s=600,
+    )
+
+
+@pytest.fixture(scope="module")
+def result_of(request, tmp_path_factory):
+    """The module's runs share nothing, so they run two at a time (a tiny run leaves one of
+    the two cores idle most of the time)."""
+    runs = {
+        test_a_geometry3k_parquet_with_a_corrupt_image_trains_and_counts_the_row: corrupt_row_run,
+        test_a_sigkilled_trainer_resumes_and_trains_every_image_sample_once: functools.partial(
+            sigkilled_media_run, small=SMALL, experiment=VL
+        ),
+        test_a_multi_turn_image_episode_runs_through_submit: multi_turn_run,
+    }
+    with runs_of_selected_tests(request, tmp_path_factory, runs) as result_of:
+        yield result_of
+
+
+def test_a_geometry3k_parquet_with_a_corrupt_image_trains_and_counts_the_row(its_run):
+    run_dir, result = its_run
+    paths = RunPaths(run_dir)
     assert result.returncode == 0, failure_report(result, run_dir)
     assert read_json(paths.trainer_done)["step"] == 2
     log = paths.task_log("rollout", 0).read_text()
@@ -93,23 +126,16 @@ def test_a_geometry3k_parquet_with_a_corrupt_image_trains_and_counts_the_row(tmp
     assert CORRUPT_ROW not in {s.data_index for s in samples}
 
 
-def test_a_sigkilled_trainer_resumes_and_trains_every_image_sample_once(tmp_path):
-    check_sigkilled_media_run(tmp_path / "run", SMALL, VL, "images")
+def test_a_sigkilled_trainer_resumes_and_trains_every_image_sample_once(its_run):
+    check_sigkilled_media_run(*its_run, "images")
 
 
-def test_a_multi_turn_image_episode_runs_through_submit(tmp_path):
+def test_a_multi_turn_image_episode_runs_through_submit(its_run):
     """``brighter`` shows image A, then image B, then asks which was brighter: each trained
     sample holds both images (the first turn's reaches the second turn's prompt), its
     observation tokens carry no loss, and every sample is trained once."""
-    run_dir, paths = tmp_path / "run", RunPaths(tmp_path / "run")
-    result = submit(
-        run_dir,
-        *SMALL,
-        "rollout.environment=brighter",
-        "trainer.total_steps=2",
-        experiment=VL,
-        timeout_s=600,
-    )
+    run_dir, result = its_run
+    paths = RunPaths(run_dir)
     assert result.returncode == 0, failure_report(result, run_dir)
     trained, samples = trained_and_published(paths)
     assert len(trained) == 2 and all(len(step) == 4 * 2 for step in trained)
