@@ -41,7 +41,6 @@ from relax_hpc.config.schema import DataConfig, ModelConfig
 from relax_hpc.data.tasks import AdditionTask, addition_prompt, lsd_first, sloppy_answer
 from relax_hpc.models.build import build_tokenizer
 from relax_hpc.models.chat_format import ChatFormat
-from relax_hpc.models.warmstart import WarmStartConfig, _lr_factor, sample_operands, warm_start
 from relax_hpc.rollout.engines.base import SamplingParams
 from relax_hpc.rollout.engines.transformers_engine import TransformersEngine
 from relax_hpc.rollout.envs import EnvRuntime
@@ -49,6 +48,8 @@ from relax_hpc.rollout.envs.calculator import CalculatorEnv
 from relax_hpc.rollout.multiturn import EpisodeBudget, EpisodeRequest, EpisodeRunner
 from relax_hpc.rollout.tools.sandbox import ToolSandbox
 from relax_hpc.rollout.trajectory import episode_metrics, to_sample
+from relax_hpc.tasks.addition import WarmStartConfig, sample_operands, warm_start
+from relax_hpc.tasks.warm_start import _lr_factor
 from relax_hpc.trainer.batch import collate
 from relax_hpc.trainer.torch_backend import TorchModel
 from relax_hpc.trainer.update import Networks, prepare_step, update_policy

@@ -27,7 +27,7 @@ import transformers
 from tiny_models import tiny_qwen3, tiny_qwen3_arch
 
 from relax_hpc.models.tokenizer import build_char_tokenizer
-from relax_hpc.models.warmstart import supervised_batch
+from relax_hpc.tasks.warm_start import supervised_batch
 
 TINY_ARCH = tiny_qwen3_arch(num_hidden_layers=1, max_position_embeddings=48)
 

@@ -102,7 +102,7 @@ class RewardModelConfig:
     arch: dict[str, Any] = field(default_factory=dict)
     tokenizer: str = "char"
     # none | addition_scorer: train the built model to score additions first
-    # (relax_hpc/models/scorer_warmstart.py; data.kind=synthetic_addition)
+    # (relax_hpc/tasks/scorer.py; data.kind=synthetic_addition)
     warm_start: str = "none"
     # What the model reads: {prompt}, {response}, {reference} and the row's columns.
     template: str = "{prompt}{response}"

@@ -171,7 +171,7 @@ class JudgeConfig:
 
     model: ModelConfig = field(default_factory=ModelConfig)
     # addition_verifier: train a built-in model (judge.model.arch) to verify additions
-    # first, cached like the policy's warm start (relax_hpc/models/verifier_warmstart.py)
+    # first, cached like the policy's warm start (relax_hpc/tasks/verifier.py)
     warm_start: str = "none"
     placement: str = "rollout"  # rollout | component (see JUDGE_PLACEMENTS)
     # transformers (CPU or one GPU) | sglang (GPU) | package.module:Builder

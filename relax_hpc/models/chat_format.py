@@ -17,8 +17,8 @@ tokenizer's chat template and tokenized on its own:
    tokens the model already produced.
 
 Used by the rollout's episode driver (``rollout.multiturn``) and by the warm starts that
-write multi-turn demonstrations (``models.agent_warmstart``): both put the same tokens
-between two turns. Observation content is text, unless the caller renders media
+write multi-turn demonstrations (``tasks.calculator``, ``tasks.guess``): both put the same
+tokens between two turns. Observation content is text, unless the caller renders media
 (``media_parts=True``: the episode driver of a vision model, which expands the image pads
 with its ``MediaProcessor``); otherwise structured content (an image part) is refused with
 a ``ValueError`` naming the fix.

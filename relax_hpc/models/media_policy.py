@@ -30,7 +30,7 @@ from relax_hpc.models.multimodal import (
     build_tiny_media_model,
     load_media_model,
 )
-from relax_hpc.models.warmstart import default_cache_dir
+from relax_hpc.tasks.warm_start import default_cache_dir
 
 # Media model classes refused at submit, with the reason (ConfigError on model.architecture).
 REFUSED_ARCHITECTURES = {

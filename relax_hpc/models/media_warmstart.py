@@ -1,5 +1,5 @@
 """The cached supervised warm start of the tiny VL/Omni models on the media tasks: a weak
-but not hopeless base for RL (``models.warmstart`` is its text twin; this one reuses its lr
+but not hopeless base for RL (``tasks.addition`` is its text twin; this one reuses its lr
 schedule and atomic publishing).
 
 A tiny model of a media family (``models.multimodal``) is trained on the *sloppy teacher* of
@@ -34,7 +34,7 @@ from relax_hpc.data.media_tasks import MediaExample, MediaTask, sloppy_label
 from relax_hpc.media.inputs import collate_media
 from relax_hpc.media.processor import MediaProcessor
 from relax_hpc.models.multimodal import build_tiny_media_model, tiny_arch, tiny_processor
-from relax_hpc.models.warmstart import cached_training, fit_supervised
+from relax_hpc.tasks.warm_start import cached_training, fit_supervised
 
 log = logging.getLogger(__name__)
 

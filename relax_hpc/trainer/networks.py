@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
-import os
 from pathlib import Path
 from typing import Any
 
@@ -33,26 +32,29 @@ from relax_hpc.trainer.backend import HFNetworks
 
 
 def cache_dir() -> Path:
-    return Path(os.environ.get("RELAX_HPC_CACHE_DIR", Path.home() / ".cache" / "relax_hpc"))
+    from relax_hpc.tasks.warm_start import default_cache_dir
+
+    return default_cache_dir()
 
 
 def initial_model_config(cfg: RunConfig) -> ModelConfig:
-    """The policy's starting point: the configured model, or its cached warm start (the
-    recipe of the run's environment and task: ``models.agent_warmstart``)."""
+    """The policy's starting point: the configured model, or the cached warm start of the
+    run's task (``tasks.registry.policy_task``)."""
     if not cfg.model.warm_start:
         return cfg.model
-    from relax_hpc.models.agent_warmstart import policy_warm_start
-    from relax_hpc.models.warmstart import warm_started_model_config
+    from relax_hpc.tasks.registry import policy_task
+    from relax_hpc.tasks.warm_start import warm_started_model_config
 
+    task = policy_task(cfg.data, cfg.rollout.environment)
     with warm_start_progress(cfg):
-        folder = policy_warm_start(cfg.model, cfg.data, cfg.rollout.environment, cache_dir())
+        folder = task.warm_start(cfg.model, cfg.data, cache_dir())
     return warm_started_model_config(cfg.model, folder)
 
 
 def warm_start_progress(cfg: RunConfig) -> contextlib.AbstractContextManager:
     """A warm start trained inside reports to the run's status: the console's progress line
     shows it before step 1 (``launch/summary.py``)."""
-    from relax_hpc.models.warmstart import progress_reports
+    from relax_hpc.tasks.warm_start import progress_reports
 
     if not cfg.run_dir:
         return contextlib.nullcontext()

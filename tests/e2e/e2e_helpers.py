@@ -24,7 +24,7 @@ def submit_env() -> dict[str, str]:
     """The environment of the runs tests start. They all share one warm-start cache,
     ``$RELAX_HPC_CACHE_DIR`` or the package's default ``~/.cache/relax_hpc``, kept between
     sessions: each warm start (keyed by all that shapes its weights) is trained once, by the
-    first run that needs it, under its lock (``models/warmstart.cached_training``), and
+    first run that needs it, under its lock (``tasks/warm_start.cached_training``), and
     published atomically, so runs side by side and parallel sessions share it safely."""
     env = dict(os.environ)
     env.setdefault("RELAX_HPC_CACHE_DIR", str(Path.home() / ".cache" / "relax_hpc"))

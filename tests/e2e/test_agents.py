@@ -232,11 +232,12 @@ def warm_start_record(paths: RunPaths) -> dict:
     """``warmstart.json`` of the cached warm start a run started from (found, not trained:
     the run cached it under the same key)."""
     from relax_hpc.config import load_run_config
-    from relax_hpc.models.agent_warmstart import policy_warm_start
+    from relax_hpc.tasks.registry import policy_task
 
     cfg = load_run_config(paths.resolved_config)
     cache = Path(submit_env()["RELAX_HPC_CACHE_DIR"])
-    folder = policy_warm_start(cfg.model, cfg.data, cfg.rollout.environment, cache)
+    task = policy_task(cfg.data, cfg.rollout.environment)
+    folder = task.warm_start(cfg.model, cfg.data, cache)
     return read_json(folder / "warmstart.json")
 
 

@@ -42,6 +42,26 @@ def test_trainer_and_rollout_never_import_each_other():
         assert not any(n.startswith("relax_hpc.trainer") for n in imported_modules(path)), path
 
 
+def test_tasks_never_import_the_roles_process_code():
+    """A task owns its data, reward and warm start; the roles ask it, never the reverse."""
+    for path in modules_under("tasks"):
+        roles = {
+            n
+            for n in imported_modules(path)
+            if _within(n, "relax_hpc.trainer") or _within(n, "relax_hpc.rollout")
+        }
+        assert not roles, f"{path} imports {roles}"
+
+
+def test_the_roles_reach_a_task_only_through_its_registry():
+    """Trainer and rollout ask ``tasks.registry`` for the task of their config (and use the
+    shared ``tasks.warm_start``); none names a task's own module."""
+    allowed = ("relax_hpc.tasks.registry", "relax_hpc.tasks.warm_start", "relax_hpc.tasks.base")
+    for path in modules_under("trainer") + modules_under("rollout"):
+        named = {n for n in imported_modules(path) if _within(n, "relax_hpc.tasks")}
+        assert named <= set(allowed), f"{path} imports {named - set(allowed)}"
+
+
 @pytest.mark.parametrize(
     ("library", "allowed"),
     [
@@ -95,9 +115,7 @@ def test_leaves_import_nothing_of_ours(leaf):
     own = f"relax_hpc.{leaf.removesuffix('.py')}"
     for path in files:
         ours = {n for n in imported_modules(path) if _within(n, "relax_hpc")}
-        foreign = {
-            n for n in ours if not any(_within(n, p) for p in (own, *LEAVES[leaf]))
-        }
+        foreign = {n for n in ours if not any(_within(n, p) for p in (own, *LEAVES[leaf]))}
         assert not foreign, f"{path} imports {foreign}"
 
 

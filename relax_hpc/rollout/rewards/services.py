@@ -37,7 +37,7 @@ class RewardContext:
     data: DataConfig | None = None  # the task a judge warm start trains on
     reward_timeout_s: float | None = 10.0  # rule rewards' per-sample timeout
     seed: int = 0
-    cache_dir: Path | None = None  # warm starts (default: models.warmstart.default_cache_dir)
+    cache_dir: Path | None = None  # warm starts (default: tasks.warm_start.default_cache_dir)
 
 
 def build_scorer(
@@ -121,31 +121,32 @@ def reward_model_and_tokenizer(name: str, rewards: RewardsConfig, context: Rewar
     model_cfg = ModelConfig(
         name=name, architecture=rm.architecture, arch=rm.arch, tokenizer=rm.tokenizer
     )
-    if rm.warm_start == "addition_scorer":
-        return load_reward_model(
-            str(scorer_folder(name, model_cfg, context)), field, rm.label, dtype
+    if rm.warm_start != "none":
+        field_name = f"rewards.reward_models.{name}.warm_start"
+        folder = warm_started_folder(
+            rm.warm_start, field_name, "reward_model", f"reward model {name}", model_cfg, context
         )
+        return load_reward_model(str(folder), field, rm.label, dtype)
     tokenizer = build_tokenizer(model_cfg)
     return build_from_arch(model_cfg, tokenizer, dtype, seed=context.seed), tokenizer
 
 
-def scorer_folder(name: str, model_cfg: ModelConfig, context: RewardContext) -> Path:
-    """The cached addition scorer (trained the first time), its measured quality logged."""
-    from relax_hpc.models.scorer_warmstart import warm_start_scorer
-    from relax_hpc.models.warmstart import METADATA_NAME, default_cache_dir
+def warm_started_folder(
+    name: str, field: str, trains: str, who: str, model_cfg: ModelConfig, context: RewardContext
+) -> Path:
+    """The cached warm start of task ``name`` (named by ``field``; it must train a
+    ``trains`` model) for ``who``, trained the first time; its measured quality logged."""
+    from relax_hpc.tasks.registry import task
+    from relax_hpc.tasks.warm_start import METADATA_NAME, default_cache_dir
 
     if context.data is None:
-        raise ValueError("warm_start=addition_scorer needs the run's data config")
-    folder = warm_start_scorer(model_cfg, context.data, context.cache_dir or default_cache_dir())
-    measured = read_json(folder / METADATA_NAME)
-    log.info(
-        "reward model %s: addition_scorer from %s ranks a right answer above a wrong one on "
-        "%.1f%% of held-out pairs (AUC); score > 0.5 agrees with exact match on %.1f%%",
-        name,
-        folder,
-        100 * measured["auc"],
-        100 * measured["agreement"],
-    )
+        raise ValueError(f"{field}={name} needs the run's data config (the task it trains on)")
+    chosen = task(name, field)
+    if chosen.warm_starts != trains:
+        raise ValueError(f"{field}: {name} warm-starts a {chosen.warm_starts}, not a {trains}")
+    folder = chosen.warm_start(model_cfg, context.data, context.cache_dir or default_cache_dir())
+    quality = chosen.quality(read_json(folder / METADATA_NAME))
+    log.info("%s: %s from %s %s", who, name, folder, quality)
     return folder
 
 
@@ -160,28 +161,15 @@ def build_judge_scorer(judge: JudgeConfig, context: RewardContext) -> BatchScore
 
 
 def judge_model_config(judge: JudgeConfig, context: RewardContext) -> ModelConfig:
-    """The judge's model as configured, or its cached warm start."""
+    """The judge's model as configured, or the cached warm start of its task."""
     if judge.warm_start == "none":
         return judge.model
-    from relax_hpc.models.verifier_warmstart import verifier_model_config, warm_start_verifier
-    from relax_hpc.models.warmstart import METADATA_NAME, default_cache_dir
+    from relax_hpc.tasks.warm_start import warm_started_model_config
 
-    if context.data is None:
-        raise ValueError("judge.warm_start needs the run's data config (the task it verifies)")
-    folder = warm_start_verifier(
-        judge.model, context.data, context.cache_dir or default_cache_dir()
+    folder = warm_started_folder(
+        judge.warm_start, "judge.warm_start", "judge", "judge", judge.model, context
     )
-    measured = read_json(folder / METADATA_NAME)
-    log.info(
-        "judge: %s from %s agrees with exact match on %.1f%% of held-out rows (says yes to "
-        "%.1f%% of right answers, no to %.1f%% of wrong ones)",
-        judge.warm_start,
-        folder,
-        100 * measured["agreement"],
-        100 * measured["true_positive_rate"],
-        100 * measured["true_negative_rate"],
-    )
-    return verifier_model_config(judge.model, folder)
+    return warm_started_model_config(judge.model, folder)
 
 
 def build_judge_engine_scorer(judge: JudgeConfig, context: RewardContext):

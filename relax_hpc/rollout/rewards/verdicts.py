@@ -23,7 +23,7 @@ from typing import Any
 from relax_hpc.rollout.rewards.result import RewardResult, failed
 
 JUDGE_TEMPLATES = {
-    # grpo_tiny_judge's verifier reads "37+48=58?" (models/verifier_warmstart.py trains on it)
+    # grpo_tiny_judge's verifier reads "37+48=58?" (tasks/verifier.py trains on it)
     "addition_verifier": "{prompt}{response}?",
     "correctness": (
         "You are grading a response to a problem against the reference answer.\n\n"

@@ -15,7 +15,7 @@ from relax_hpc.models.media_warmstart import (
     supervised_media_batch,
 )
 from relax_hpc.models.multimodal import build_tiny_media_model, load_media_model
-from relax_hpc.models.warmstart import LOCKS_DIR
+from relax_hpc.tasks.warm_start import LOCKS_DIR
 
 RECIPE = MediaWarmStartConfig(steps=2, batch_size=4, warmup_steps=1)
 

@@ -12,7 +12,7 @@ from relax_hpc.config.schema import ModelConfig
 from relax_hpc.models.media_policy import build_media_policy, is_media_model
 from relax_hpc.models.media_warmstart import MediaWarmStartConfig
 from relax_hpc.models.multimodal import save_media_model, tiny_processor
-from relax_hpc.models.warmstart import LOCKS_DIR
+from relax_hpc.tasks.warm_start import LOCKS_DIR
 
 VL = "Qwen3VLForConditionalGeneration"
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 
-from relax_hpc.models.verifier_warmstart import verification_text
 from relax_hpc.rollout.rewards.verdicts import (
     JUDGE_TEMPLATES,
     TemplateError,
@@ -15,6 +14,7 @@ from relax_hpc.rollout.rewards.verdicts import (
     score_parser,
     template_text,
 )
+from relax_hpc.tasks.verifier import verification_text
 
 
 @pytest.mark.parametrize(

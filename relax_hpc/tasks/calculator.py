@@ -1,23 +1,19 @@
-"""Warm starts of the agent recipes: sloppy demonstrations of whole multi-turn episodes.
+"""The calculator task (``rollout.environment: calculator`` on ``data.kind:
+synthetic_addition``): grpo_tiny_calculator's policy warm start, sloppy demonstrations of
+whole two-turn episodes.
 
-Like grpo_tiny's (``models.warmstart``), each gives RL a weak but not hopeless base, and is
-cached under ``cache_dir/<prefix>-<key>`` (trained once, published atomically). A
-demonstration is an episode written the way the rollout writes it: the prompt, the model's
-turns (the loss is on these), and between them the observations rendered by the chat
-template exactly as the episode driver renders them (``models.chat_format``; no loss).
+Like grpo_tiny's (``tasks.addition``), it gives RL a weak but not hopeless base, and is
+cached under ``cache_dir/calculator-warmstart-<key>`` (trained once, published atomically).
+A demonstration is an episode written the way the rollout writes it: the prompt, the
+model's turns (the loss is on these), and between them the observations rendered by the
+chat template exactly as the episode driver renders them (``models.chat_format``; no loss).
 
-- ``calculator_warm_start`` (grpo_tiny_calculator): a model of ``model.arch`` with the
-  tool-call tags as single tokens (``model.tokenizer: char_tools``) trained from scratch on
-  a mix: ``tool_share`` of the demonstrations call the calculator
-  (``<tool_call>{"name":"calc","arguments":{"expr":"3+8"}}</tool_call>``), read its answer
-  (``11``) and answer right, least-significant digit first; the others answer like a
-  sloppy teacher that forgets carries. The result calls the tool in about half of its
-  episodes and copies well when it does: GRPO then finds that calling pays.
-- ``guess_warm_start`` (grpo_tiny_guess): a model trained from scratch on games played by
-  a sloppy guesser that follows the higher/lower replies only sometimes.
-
-``policy_warm_start`` picks the recipe of a run (``model.warm_start: true``) from its
-environment and task; the trainer builds the policy from the folder it returns.
+A model of ``model.arch`` with the tool-call tags as single tokens (``model.tokenizer:
+char_tools``) is trained from scratch on a mix: ``tool_share`` of the demonstrations call
+the calculator (``<tool_call>{"name":"calc","arguments":{"expr":"3+8"}}</tool_call>``),
+read its answer (``11``) and answer right, least-significant digit first; the others answer
+like a sloppy teacher that forgets carries. The result calls the tool in about half of its
+episodes and copies well when it does: GRPO then finds that calling pays.
 
 Must not: know about RL, the run directory layout, or the engines.
 """
@@ -25,7 +21,6 @@ Must not: know about RL, the run directory layout, or the engines.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import logging
 import random
@@ -41,19 +36,19 @@ from relax_hpc.config.schema import DataConfig, ModelConfig
 from relax_hpc.data.tasks import AdditionTask, addition_prompt, lsd_first, sloppy_answer
 from relax_hpc.models.build import build_causal_lm, build_tokenizer
 from relax_hpc.models.chat_format import ChatFormat
-from relax_hpc.models.warmstart import (
+from relax_hpc.tasks.addition import sample_operands
+from relax_hpc.tasks.base import Task
+from relax_hpc.tasks.warm_start import (
     SupervisedBatch,
     cached_training,
     first_good_seed,
     fit_supervised,
     pad_rows,
-    sample_operands,
-    warm_start,
+    tokenizer_fields,
 )
 
-AGENT_WARMSTART_VERSION = 2  # bump when a recipe below changes
+AGENT_WARMSTART_VERSION = 2  # bump when the recipe below changes (tasks.guess keys by it too)
 log = logging.getLogger(__name__)
-CALCULATOR_ENVIRONMENT = "calculator"
 # The calculator environment's tool, as rollout/envs/calculator.py declares it.
 CALC_NAME, CALC_ARGUMENT = "calc", "expr"
 
@@ -90,42 +85,6 @@ class ToolWarmStartConfig:
     # held-out pairs, teacher forced) is replaced by the next one, up to max_attempts.
     min_tool_path: float = 0.8
     max_attempts: int = 3
-
-
-@dataclass(frozen=True)
-class GuessWarmStartConfig:
-    """The guess_number recipe: games of a guesser that picks a number consistent with the
-    replies so far with ``follow_prob``, else any number of the range."""
-
-    steps: int = 600
-    batch_size: int = 64
-    lr: float = 1e-2
-    warmup_steps: int = 30
-    decay_fraction: float = 0.3
-    min_lr_ratio: float = 0.05
-    weight_decay: float = 0.0
-    grad_clip: float = 1.0
-    follow_prob: float = 0.5
-    max_turns: int = 6  # a demonstration stops here, found or not
-    seed: int = 0
-
-
-def policy_warm_start(
-    model_cfg: ModelConfig, data_cfg: DataConfig, environment: str | None, cache_dir: Path
-) -> Path:
-    """The warm-started folder of a run's policy (``model.warm_start: true``)."""
-    return warm_start_recipe(environment, data_cfg.kind)(model_cfg, data_cfg, cache_dir)
-
-
-def warm_start_recipe(
-    environment: str | None, data_kind: str
-) -> Callable[[ModelConfig, DataConfig, Path], Path]:
-    """The recipe of a run with ``rollout.environment`` on ``data.kind``."""
-    if environment == CALCULATOR_ENVIRONMENT:
-        return calculator_warm_start
-    if data_kind == "guess_number":
-        return guess_warm_start
-    return warm_start
 
 
 def calculator_warm_start(
@@ -258,88 +217,10 @@ def weighted_parts(rows: list[Row], kinds: list[bool], pad_token_id: int) -> Sup
     return parts
 
 
-def guess_warm_start(
-    model_cfg: ModelConfig,
-    data_cfg: DataConfig,
-    cache_dir: Path,
-    cfg: GuessWarmStartConfig = GuessWarmStartConfig(),
-) -> Path:
-    """A model of ``model.arch`` trained from scratch on the sloppy guesser's games."""
-    if model_cfg.path is not None:
-        raise ValueError("the warm start builds its model from model.arch; set model.path=null")
-    tokenizer = build_tokenizer(model_cfg)
-    chat = ChatFormat(tokenizer)
-    low, high = data_cfg.guess_range
-    key_fields = {
-        "version": AGENT_WARMSTART_VERSION,
-        "recipe": dataclasses.asdict(cfg),
-        "architecture": model_cfg.architecture,
-        "arch": model_cfg.arch,
-        **tokenizer_fields(tokenizer),
-        "range": [low, high],
-        "apply_chat_template": data_cfg.apply_chat_template,
-    }
-
-    def train() -> tuple[PreTrainedModel, PreTrainedTokenizerBase, float]:
-        model = build_causal_lm(model_cfg, tokenizer, torch.float32, seed=cfg.seed)
-        rng = random.Random(cfg.seed)
-
-        def next_batch() -> SupervisedBatch:
-            rows = [
-                guess_demonstration(chat, data_cfg, rng.randint(low, high), cfg, rng)
-                for _ in range(cfg.batch_size)
-            ]
-            input_ids, labels = pad_rows(rows, tokenizer.pad_token_id)
-            return {"input_ids": input_ids, "labels": labels}
-
-        return model, tokenizer, fit_supervised(model, cfg, next_batch)
-
-    return cached_training(cache_dir, "guess-warmstart", key_fields, train)
-
-
-def guess_demonstration(
-    chat: ChatFormat,
-    data_cfg: DataConfig,
-    secret: int,
-    cfg: GuessWarmStartConfig,
-    rng: random.Random,
-) -> Row:
-    """One game of the sloppy guesser, as the episode driver lays it out."""
-    tokenizer = chat.tokenizer
-    low, high = data_cfg.guess_range
-    prompt_text = f"guess {low}-{high}:"
-    if data_cfg.apply_chat_template:
-        prompt_text = chat.render([{"role": "user", "content": prompt_text}])
-        ids = chat.encode(prompt_text)
-    else:
-        ids = tokenizer(prompt_text)["input_ids"]
-    labels = [-100] * len(ids)
-    feasible = [low, high]
-    eos_text = tokenizer.decode([tokenizer.eos_token_id], skip_special_tokens=False)
-    for turn in range(cfg.max_turns):
-        bounds = feasible if rng.random() < cfg.follow_prob else [low, high]
-        guess = rng.randint(*bounds)
-        action = [*chat.encode(str(guess)), tokenizer.eos_token_id]
-        ids, labels = ids + action, labels + action
-        if guess == secret or turn + 1 == cfg.max_turns:
-            break
-        if guess < secret:
-            feasible[0] = max(feasible[0], guess + 1)
-        else:
-            feasible[1] = min(feasible[1], guess - 1)
-        reply = "higher" if guess < secret else "lower"
-        observation = chat.observation_ids([{"role": "user", "content": reply}], eos_text)
-        ids, labels = ids + observation, labels + [-100] * len(observation)
-    return ids, labels
-
-
-def tokenizer_fields(tokenizer: PreTrainedTokenizerBase) -> dict[str, str]:
-    """The vocabulary and the chat template: a cached folder keeps the ones it was saved
-    with, so both are part of its key."""
-    vocab = tokenizer.backend_tokenizer.to_str()
-    return {
-        "tokenizer_sha256": hashlib.sha256(vocab.encode()).hexdigest(),
-        "chat_template_sha256": hashlib.sha256(
-            (tokenizer.chat_template or "").encode()
-        ).hexdigest(),
-    }
+TASK = Task(
+    name="calculator",
+    data_kind="synthetic_addition",
+    warm_start=calculator_warm_start,
+    reward="exact_match",  # the calculator environment's final answer, scored
+    environment="calculator",
+)

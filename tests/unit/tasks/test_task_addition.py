@@ -10,14 +10,14 @@ import torch
 from tiny_models import tiny_qwen3_arch, tiny_qwen3_config
 
 from relax_hpc.config.schema import DataConfig
-from relax_hpc.models import warmstart
 from relax_hpc.models.build import build_causal_lm, build_tokenizer
 from relax_hpc.models.tokenizer import build_char_tokenizer
-from relax_hpc.models.warmstart import (
+from relax_hpc.tasks import addition
+from relax_hpc.tasks.addition import WarmStartConfig, warm_start
+from relax_hpc.tasks.warm_start import (
     LOCKS_DIR,
-    WarmStartConfig,
+    progress_reports,
     supervised_batch,
-    warm_start,
     warm_started_model_config,
 )
 
@@ -44,7 +44,7 @@ def test_warm_start_is_cached_deterministic_and_keyed(tmp_path, monkeypatch):
     ).state_dict()
     assert all(torch.equal(weights[k], other_weights[k]) for k in weights)
 
-    monkeypatch.setattr(warmstart, "train_on_sloppy_teacher", lambda *a: pytest.fail("not cached"))
+    monkeypatch.setattr(addition, "train_on_sloppy_teacher", lambda *a: pytest.fail("not cached"))
     assert warm_start(MODEL, DATA, tmp_path / "a", RECIPE) == folder
     monkeypatch.undo()
     seed_changed = warm_start(MODEL, DATA, tmp_path / "a", dataclasses.replace(RECIPE, seed=1))
@@ -69,7 +69,7 @@ def test_warm_start_refuses_other_data_or_a_model_path(tmp_path):
 def test_a_warm_start_reports_its_progress_to_whoever_listens(tmp_path):
     reports = []
     recipe = dataclasses.replace(RECIPE, steps=12)
-    with warmstart.progress_reports(lambda *progress: reports.append(progress)):
+    with progress_reports(lambda *progress: reports.append(progress)):
         warm_start(MODEL, DATA, tmp_path, recipe)
     assert [(step, total) for step, total, _ in reports] == [(10, 12), (12, 12)]
     assert all(loss > 0 for _, _, loss in reports)

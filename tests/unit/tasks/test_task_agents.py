@@ -14,28 +14,27 @@ import random
 from collections.abc import Sequence
 
 import pytest
-from test_models_warmstart import ARCH
+from test_task_addition import ARCH
 
 from relax_hpc.config.schema import DataConfig, ModelConfig
-from relax_hpc.models.agent_warmstart import (
-    GuessWarmStartConfig,
-    ToolWarmStartConfig,
-    calculator_demonstration,
-    calculator_warm_start,
-    guess_demonstration,
-    guess_warm_start,
-    warm_start_recipe,
-)
 from relax_hpc.models.build import build_causal_lm, build_tokenizer
 from relax_hpc.models.chat_format import ChatFormat
 from relax_hpc.models.tokenizer import TOOL_TAGS, build_char_tokenizer
-from relax_hpc.models.warmstart import warm_start, warm_started_model_config
 from relax_hpc.rollout.engines.base import Completion, Engine, GenerationRequest, SamplingParams
 from relax_hpc.rollout.envs import EnvRuntime
 from relax_hpc.rollout.envs.calculator import CalculatorEnv
 from relax_hpc.rollout.envs.guess_number import GuessNumberEnv
 from relax_hpc.rollout.multiturn import EpisodeBudget, EpisodeRequest, EpisodeRunner
 from relax_hpc.rollout.tools.sandbox import ToolSandbox
+from relax_hpc.tasks.addition import warm_start
+from relax_hpc.tasks.calculator import (
+    ToolWarmStartConfig,
+    calculator_demonstration,
+    calculator_warm_start,
+)
+from relax_hpc.tasks.guess import GuessWarmStartConfig, guess_demonstration, guess_warm_start
+from relax_hpc.tasks.registry import policy_task
+from relax_hpc.tasks.warm_start import warm_started_model_config
 
 ADDITION = DataConfig(kind="synthetic_addition", digits=1, eval_size=10, apply_chat_template=False)
 GUESS = DataConfig(kind="guess_number", guess_range=[1, 20])
@@ -207,7 +206,7 @@ def test_the_agent_recipes_train_cache_and_key_like_grpo_tiny(tmp_path):
 
 
 def test_each_run_gets_the_recipe_of_its_environment_and_task():
-    assert warm_start_recipe("calculator", "synthetic_addition") is calculator_warm_start
-    assert warm_start_recipe("guess_number", "guess_number") is guess_warm_start
-    assert warm_start_recipe(None, "synthetic_addition") is warm_start
-    assert warm_start_recipe("my_lab.envs:Agent", "synthetic_addition") is warm_start
+    assert policy_task(ADDITION, "calculator").warm_start is calculator_warm_start
+    assert policy_task(GUESS, "guess_number").warm_start is guess_warm_start
+    assert policy_task(ADDITION, None).warm_start is warm_start
+    assert policy_task(ADDITION, "my_lab.envs:Agent").warm_start is warm_start

@@ -8,15 +8,15 @@ import json
 import random
 
 import pytest
-from test_models_warmstart import DATA
-from test_models_warmstart import MODEL as POLICY
+from test_task_addition import DATA
+from test_task_addition import MODEL as POLICY
 
 from relax_hpc.config.schema import DataConfig
 from relax_hpc.data.tasks import lsd_first, sloppy_answer
-from relax_hpc.models import scorer_warmstart
-from relax_hpc.models.scorer_warmstart import ScorerWarmStartConfig, warm_start_scorer
 from relax_hpc.rollout.rewards.reward_model import RewardModelScorer, load_reward_model
 from relax_hpc.rollout.rewards.scorer import ScoreItem
+from relax_hpc.tasks import scorer as scorer_task
+from relax_hpc.tasks.scorer import ScorerWarmStartConfig, warm_start_scorer
 
 MODEL = dataclasses.replace(
     POLICY,
@@ -35,7 +35,7 @@ def test_the_scorer_is_cached_keyed_and_ranks_right_sums_first(tmp_path, monkeyp
     assert folder.name.startswith("scorer-") and metadata["inputs"]["version"] == "scorer-1"
     assert (metadata["seed"], metadata["attempts"]) == (0, 1)
     assert metadata["auc"] > 0.75, metadata  # 0.5 is a head that knows nothing
-    monkeypatch.setattr(scorer_warmstart, "train_scorer", lambda *a: pytest.fail("not cached"))
+    monkeypatch.setattr(scorer_task, "train_scorer", lambda *a: pytest.fail("not cached"))
     assert warm_start_scorer(MODEL, DATA, tmp_path, RECIPE) == folder
     monkeypatch.undo()
     # The folder is a normal HF folder: loaded and scored as a user's reward model is.

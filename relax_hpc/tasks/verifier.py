@@ -1,4 +1,5 @@
-"""The cached warm start of grpo_tiny_judge's judge: a tiny model that verifies additions.
+"""The ``addition_verifier`` task (``judge.warm_start``): grpo_tiny_judge's judge, a tiny
+model that verifies additions.
 
 A model built from ``judge.model.arch`` learns to answer ``yes`` or ``no`` after
 ``"37+48=58?"`` (the judge template ``addition_verifier``: prompt, response, ``?``): half of
@@ -9,7 +10,7 @@ with exact match on held-out pairs is measured once and stored in ``warmstart.js
 (``agreement``, ``true_positive_rate``, ``true_negative_rate``), and a GRPO run that uses
 it as the only reward measures it again on the policy's own answers.
 
-Cached like the policy's warm start (``models.warmstart.cached_training``): trained once
+Cached like the policy's warm start (``tasks.warm_start.cached_training``): trained once
 per (model, task, recipe), published atomically under ``cache_dir/verifier-<key>``.
 
 Must not: know about RL, rewards, the run directory or the engines.
@@ -19,8 +20,10 @@ from __future__ import annotations
 
 import dataclasses
 import random
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 from transformers import PreTrainedModel
@@ -29,12 +32,12 @@ from transformers.tokenization_utils_base import PreTrainedTokenizerBase
 from relax_hpc.config.schema import DataConfig, ModelConfig
 from relax_hpc.data.tasks import AdditionTask, addition_prompt, verification_candidate
 from relax_hpc.models.build import build_causal_lm, build_tokenizer
-from relax_hpc.models.warmstart import (
-    cache_key_fields,
+from relax_hpc.tasks.addition import cache_key_fields, sample_operands
+from relax_hpc.tasks.base import Task
+from relax_hpc.tasks.warm_start import (
     cached_training,
     first_good_seed,
     fit_supervised,
-    sample_operands,
     supervised_batch,
 )
 
@@ -172,6 +175,20 @@ def verifier_agreement(
     }
 
 
-def verifier_model_config(model_cfg: ModelConfig, folder: str | Path) -> ModelConfig:
-    """``model_cfg`` pointing at the trained verifier (weights and tokenizer from there)."""
-    return dataclasses.replace(model_cfg, path=str(folder), tokenizer="auto", warm_start=False)
+def quality_in_words(measured: Mapping[str, Any]) -> str:
+    """``warmstart.json``'s agreement, for the rollout's log."""
+    return (
+        f"agrees with exact match on {100 * measured['agreement']:.1f}% of held-out rows (says "
+        f"yes to {100 * measured['true_positive_rate']:.1f}% of right answers, no to "
+        f"{100 * measured['true_negative_rate']:.1f}% of wrong ones)"
+    )
+
+
+TASK = Task(
+    name="addition_verifier",
+    data_kind="synthetic_addition",
+    warm_start=warm_start_verifier,
+    warm_starts="judge",
+    reward="exact_match",  # the truth its verdicts are measured against
+    quality=quality_in_words,
+)

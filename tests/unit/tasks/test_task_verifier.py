@@ -7,8 +7,8 @@ import json
 import random
 
 import pytest
-from test_models_warmstart import DATA
-from test_models_warmstart import MODEL as POLICY
+from test_task_addition import DATA
+from test_task_addition import MODEL as POLICY
 
 from relax_hpc.config.schema import DataConfig
 from relax_hpc.data.tasks import (
@@ -17,13 +17,10 @@ from relax_hpc.data.tasks import (
     verification_candidate,
     wrong_candidate,
 )
-from relax_hpc.models import verifier_warmstart
-from relax_hpc.models.verifier_warmstart import (
-    VerifierWarmStartConfig,
-    verifier_model_config,
-    warm_start_verifier,
-)
-from relax_hpc.models.warmstart import WarmStartConfig, warm_start
+from relax_hpc.tasks import verifier as verifier_task
+from relax_hpc.tasks.addition import WarmStartConfig, warm_start
+from relax_hpc.tasks.verifier import VerifierWarmStartConfig, warm_start_verifier
+from relax_hpc.tasks.warm_start import warm_started_model_config
 
 MODEL = dataclasses.replace(POLICY, name="judge")
 RECIPE = VerifierWarmStartConfig(
@@ -63,14 +60,14 @@ def test_the_verifier_is_cached_keyed_and_measured(tmp_path, monkeypatch):
     assert (metadata["seed"], metadata["attempts"]) == (0, 1)
     for key in ("agreement", "true_positive_rate", "true_negative_rate"):
         assert 0.0 <= metadata[key] <= 1.0
-    monkeypatch.setattr(verifier_warmstart, "train_verifier", lambda *a: pytest.fail("not cached"))
+    monkeypatch.setattr(verifier_task, "train_verifier", lambda *a: pytest.fail("not cached"))
     assert warm_start_verifier(MODEL, DATA, tmp_path, RECIPE) == folder
     monkeypatch.undo()
     other = warm_start_verifier(MODEL, DATA, tmp_path, dataclasses.replace(RECIPE, seed=1))
     assert other != folder
     policy = warm_start(MODEL, DATA, tmp_path, WarmStartConfig(steps=1, batch_size=4))
     assert policy.name.startswith("warmstart-")  # the policy's own cache, never confused
-    assert verifier_model_config(MODEL, folder).path == str(folder)
+    assert warm_started_model_config(MODEL, folder).path == str(folder)
 
 
 def test_a_verifier_below_the_agreement_gate_is_retrained_with_the_next_seed(tmp_path):

@@ -1,4 +1,5 @@
-"""The cached warm start of grpo_tiny_rm's reward model: a tiny score head for additions.
+"""The ``addition_scorer`` task (``rewards.reward_models.<name>.warm_start``): grpo_tiny_rm's
+reward model, a tiny score head for additions.
 
 A sequence classifier built from ``arch`` (``Qwen3ForSequenceClassification``, one logit,
 the built-in character tokenizer) reads ``"37+48=58"`` (the reward model template
@@ -10,7 +11,7 @@ with correctness; how well is measured once on held-out pairs and stored in
 ``warmstart.json`` (``auc``: how often a right answer outscores a wrong one; ``agreement``:
 score > 0.5 vs exact match).
 
-Cached like the policy's warm start (``models.warmstart.cached_training``): trained once
+Cached like the policy's warm start (``tasks.warm_start.cached_training``): trained once
 per (model, task, recipe), published atomically under ``cache_dir/scorer-<key>`` as a normal
 HF folder that ``rollout.rewards.reward_model.load_reward_model`` loads like a user's.
 
@@ -21,8 +22,10 @@ from __future__ import annotations
 
 import dataclasses
 import random
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 from transformers import PreTrainedModel
@@ -31,13 +34,9 @@ from transformers.tokenization_utils_base import PreTrainedTokenizerBase
 from relax_hpc.config.schema import DataConfig, ModelConfig
 from relax_hpc.data.tasks import AdditionTask, addition_prompt, verification_candidate
 from relax_hpc.models.build import build_from_arch, build_tokenizer
-from relax_hpc.models.warmstart import (
-    cache_key_fields,
-    cached_training,
-    first_good_seed,
-    fit_supervised,
-    sample_operands,
-)
+from relax_hpc.tasks.addition import cache_key_fields, sample_operands
+from relax_hpc.tasks.base import Task
+from relax_hpc.tasks.warm_start import cached_training, first_good_seed, fit_supervised
 
 SCORER_VERSION = 1  # bump when the recipe below changes
 
@@ -169,3 +168,21 @@ def scorer_quality(
         "true_positive_rate": round(float(says_yes[correct].float().mean()), 4),
         "true_negative_rate": round(float((~says_yes[~correct]).float().mean()), 4),
     }
+
+
+def quality_in_words(measured: Mapping[str, Any]) -> str:
+    """``warmstart.json``'s AUC and agreement, for the rollout's log."""
+    return (
+        f"ranks a right answer above a wrong one on {100 * measured['auc']:.1f}% of held-out "
+        f"pairs (AUC); score > 0.5 agrees with exact match on {100 * measured['agreement']:.1f}%"
+    )
+
+
+TASK = Task(
+    name="addition_scorer",
+    data_kind="synthetic_addition",
+    warm_start=warm_start_scorer,
+    warm_starts="reward_model",
+    reward="exact_match",  # the truth its scores are measured against
+    quality=quality_in_words,
+)

@@ -1,18 +1,15 @@
-"""The cached supervised warm start of grpo_tiny: a weak but not hopeless base for RL.
+"""What every built-in task's warm start shares: the cache, its lock and metadata, the
+supervised loop, seed search and progress reports.
 
-A model built from ``model.arch`` is trained to convergence on the *sloppy teacher* of the
-synthetic addition task (``data.tasks.sloppy_answer``: each carry forgotten with probability
-``forget_carry_prob``). Greedy decoding of the result then gets roughly the carry-free share
-of the held-out split right (~30% for 2 digits), while sampling still finds the right answer
-often enough for GRPO to learn from. (RL from an early-stopped model trained on the *correct*
-answers collapsed in a prototype; the converged sloppy model does not.)
+A warm start is a model trained once, supervised, on a task's sloppy teacher, so that RL
+starts from a weak but not hopeless base (each task's module, e.g. ``tasks.addition``, keeps
+its recipe). The result is an HF folder (weights + tokenizer or processor +
+``warmstart.json``) under ``cache_dir/<prefix>-<key>``, where ``key`` hashes everything that
+affects the weights. It is trained once: written to a temp folder and renamed into place, so
+a concurrent or crashed writer never leaves a partial folder under the final name.
+Deterministic given its inputs.
 
-The result is an HF folder (weights + tokenizer + ``warmstart.json``) under
-``cache_dir/warmstart-<key>``, where ``key`` hashes everything that affects the weights. It is
-trained once: written to a temp folder and renamed into place, so a concurrent or crashed
-writer never leaves a partial folder under the final name. Deterministic given its inputs.
-
-Must not: know about RL, the run directory layout, or the engines.
+Must not: know about RL, the run directory layout, the engines, or any one task.
 """
 
 from __future__ import annotations
@@ -26,7 +23,6 @@ import json
 import logging
 import math
 import os
-import random
 import shutil
 import tempfile
 import time
@@ -39,71 +35,19 @@ import torch
 from transformers import PreTrainedModel
 from transformers.tokenization_utils_base import PreTrainedTokenizerBase
 
-from relax_hpc.config.schema import DataConfig, ModelConfig
-from relax_hpc.data.tasks import AdditionTask, addition_prompt, sloppy_answer
-from relax_hpc.models.build import build_causal_lm, build_tokenizer
+from relax_hpc.config.schema import ModelConfig
 from relax_hpc.paths import fsync_file
 
 log = logging.getLogger(__name__)
 
 CACHE_DIR_ENV = "RELAX_HPC_CACHE_DIR"
 LOCKS_DIR = ".locks"  # in a cache folder: one lock file per warm start being trained
-WARMSTART_VERSION = 2  # bump when the training recipe below changes
 METADATA_NAME = "warmstart.json"
-
-
-@dataclass(frozen=True)
-class WarmStartConfig:
-    """The supervised phase; the defaults give a ~33% greedy base on 2 digits.
-
-    The loss sits on a plateau (~1.6, digit marginals) until attention locks onto the right
-    digits, which took ~450 steps here and depends on the seed; fewer steps or a lower lr can
-    leave the model on the plateau (0% base). The steps after it matter too: GRPO from the
-    800-step model (loss 0.35, base 29%) needed 450 steps to reach 90%, from the 1200-step
-    model (loss ~0.25, base 33%) 40 steps.
-    """
-
-    steps: int = 1200
-    batch_size: int = 128
-    lr: float = 1e-2
-    warmup_steps: int = 30
-    decay_fraction: float = 0.3  # constant lr, then a cosine decay over the last steps
-    min_lr_ratio: float = 0.05  # decay to lr * this, so that training converges
-    weight_decay: float = 0.0
-    grad_clip: float = 1.0
-    forget_carry_prob: float = 0.7
-    seed: int = 0
 
 
 def default_cache_dir() -> Path:
     """``$RELAX_HPC_CACHE_DIR``, else ``~/.cache/relax_hpc``: where warm starts are kept."""
     return Path(os.environ.get(CACHE_DIR_ENV, Path.home() / ".cache" / "relax_hpc"))
-
-
-def warm_start(
-    model_cfg: ModelConfig,
-    data_cfg: DataConfig,
-    cache_dir: str | Path,
-    cfg: WarmStartConfig = WarmStartConfig(),
-    split_seed: int = 0,
-) -> Path:
-    """The warm-started HF folder for (model, task, recipe); trains it the first time only.
-
-    Build the policy from it with ``warm_started_model_config(model_cfg, folder)``.
-    """
-    if data_cfg.kind != "synthetic_addition":
-        raise ValueError(f"the warm start is for data.kind=synthetic_addition, not {data_cfg.kind}")
-    if model_cfg.path is not None:
-        raise ValueError("the warm start builds its model from model.arch; set model.path=null")
-    tokenizer = build_tokenizer(model_cfg)
-    key_fields = cache_key_fields(model_cfg, data_cfg, cfg, split_seed, tokenizer)
-
-    def train() -> tuple[PreTrainedModel, PreTrainedTokenizerBase, float]:
-        task = AdditionTask(data_cfg.digits, data_cfg.eval_size, split_seed)
-        model = build_causal_lm(model_cfg, tokenizer, torch.float32, seed=cfg.seed)
-        return model, tokenizer, train_on_sloppy_teacher(model, tokenizer, task, cfg)
-
-    return cached_training(Path(cache_dir), "warmstart", key_fields, train)
 
 
 def cached_training(
@@ -206,58 +150,26 @@ def first_good_seed(
     return best
 
 
-def warm_started_model_config(model_cfg: ModelConfig, folder: str | Path) -> ModelConfig:
-    """``model_cfg`` pointing at the warm-started folder (weights and tokenizer from there)."""
-    return dataclasses.replace(model_cfg, path=str(folder), tokenizer="auto")
-
-
-def cache_key_fields(
-    model_cfg: ModelConfig,
-    data_cfg: DataConfig,
-    cfg: WarmStartConfig,
-    split_seed: int,
-    tokenizer: PreTrainedTokenizerBase,
-) -> dict[str, Any]:
-    """Everything that changes the warm-started weights."""
-    vocab = (
-        tokenizer.backend_tokenizer.to_str() if tokenizer.is_fast else str(tokenizer.get_vocab())
-    )
+def tokenizer_fields(tokenizer: PreTrainedTokenizerBase) -> dict[str, str]:
+    """The vocabulary and the chat template: a cached folder keeps the ones it was saved
+    with, so both are part of its key."""
+    vocab = tokenizer.backend_tokenizer.to_str()
     return {
-        "version": WARMSTART_VERSION,
-        "architecture": model_cfg.architecture,
-        "arch": model_cfg.arch,
         "tokenizer_sha256": hashlib.sha256(vocab.encode()).hexdigest(),
-        "digits": data_cfg.digits,
-        "eval_size": data_cfg.eval_size,
-        "split_seed": split_seed,
-        "recipe": dataclasses.asdict(cfg),
+        "chat_template_sha256": hashlib.sha256(
+            (tokenizer.chat_template or "").encode()
+        ).hexdigest(),
     }
 
 
-def train_on_sloppy_teacher(
-    model: PreTrainedModel,
-    tokenizer: PreTrainedTokenizerBase,
-    task: AdditionTask,
-    cfg: WarmStartConfig,
-) -> float:
-    """Supervised training on teacher answers (loss on answer + EOS); returns the last loss."""
-    generator = torch.Generator().manual_seed(cfg.seed)
-    teacher_rng = random.Random(cfg.seed)
-
-    def next_batch() -> dict[str, torch.Tensor]:
-        pairs = sample_operands(task, cfg.batch_size, generator)
-        answers = [sloppy_answer(a, b, cfg.forget_carry_prob, teacher_rng) for a, b in pairs]
-        input_ids, labels = supervised_batch(
-            tokenizer, [addition_prompt(a, b) for a, b in pairs], answers
-        )
-        # Right padding after the last label: the causal mask alone keeps pads out of the loss.
-        return {"input_ids": input_ids, "labels": labels}
-
-    return fit_supervised(model, cfg, next_batch)
+def warm_started_model_config(model_cfg: ModelConfig, folder: str | Path) -> ModelConfig:
+    """``model_cfg`` pointing at the warm-started folder (weights and tokenizer from there;
+    ``warm_start`` off: the folder is the warm start)."""
+    return dataclasses.replace(model_cfg, path=str(folder), tokenizer="auto", warm_start=False)
 
 
 class SupervisedRecipe(Protocol):
-    """What ``fit_supervised`` reads of a recipe (``WarmStartConfig`` and its media twin)."""
+    """What ``fit_supervised`` reads of a recipe (every task's ``*WarmStartConfig``)."""
 
     steps: int
     lr: float
@@ -321,14 +233,6 @@ def fit_supervised(
             report(step + 1, cfg.steps, loss.item())
     model.eval()
     return loss.item()
-
-
-def sample_operands(
-    task: AdditionTask, batch_size: int, generator: torch.Generator
-) -> list[tuple[int, int]]:
-    """Uniform pairs of the train split."""
-    indices = torch.randint(len(task.train), (batch_size,), generator=generator).tolist()
-    return [task.operands(task.train_pair_index(i)) for i in indices]
 
 
 def supervised_batch(

@@ -1,0 +1,50 @@
+"""The task registry: every built-in task is found by its name, its tables agree with the
+tasks they name, a user's ``package.module:TASK`` loads, and a wrong name is refused."""
+
+from __future__ import annotations
+
+import pytest
+
+from relax_hpc.config.rewards import RM_WARM_STARTS
+from relax_hpc.config.schema import JUDGE_WARM_STARTS, DataConfig
+from relax_hpc.plugins import PluginError
+from relax_hpc.tasks.base import Task
+from relax_hpc.tasks.registry import DATA_TASKS, ENVIRONMENT_TASKS, TASKS, policy_task, task
+
+# A user's task: this module's own object, as a config would name it.
+MY_TASK = Task(name="mine", data_kind="jsonl", warm_start=lambda model, data, cache: cache)
+
+
+@pytest.mark.parametrize("name", TASKS.names())
+def test_every_built_in_task_loads_under_its_own_name(name):
+    found = task(name)
+    assert isinstance(found, Task) and found.name == name and callable(found.warm_start)
+
+
+def test_the_tables_name_tasks_that_agree():
+    for environment, name in ENVIRONMENT_TASKS.items():
+        assert task(name).environment == environment
+    for kind, name in DATA_TASKS.items():
+        assert task(name).data_kind == kind and task(name).warm_starts == "policy"
+    assert task("calculator").data_kind == "synthetic_addition"
+    judges = [n for n in JUDGE_WARM_STARTS if n != "none"]
+    scorers = [n for n in RM_WARM_STARTS if n != "none"]
+    assert [task(n).warm_starts for n in judges] == ["judge"] * len(judges)
+    assert [task(n).warm_starts for n in scorers] == ["reward_model"] * len(scorers)
+
+
+def test_a_policy_gets_the_task_of_its_environment_else_of_its_data():
+    addition = DataConfig(kind="synthetic_addition")
+    assert policy_task(addition, "calculator").name == "calculator"
+    assert policy_task(addition, "my_lab.envs:Agent").name == "addition"
+    assert policy_task(DataConfig(kind="guess_number"), "guess_number").name == "guess_number"
+    # Any other kind: addition's warm start, which refuses the kind with the field's name.
+    assert policy_task(DataConfig(kind="jsonl"), None).name == "addition"
+
+
+def test_a_users_task_loads_and_a_wrong_name_is_refused():
+    assert task(f"{__name__}:MY_TASK", "judge.warm_start") is MY_TASK
+    with pytest.raises(PluginError, match=r"^judge.warm_start: 'nope' is not a built-in task"):
+        task("nope", "judge.warm_start")
+    with pytest.raises(ValueError, match=r"judge.warm_start: .*:TASKS is a Registry, not a"):
+        task("relax_hpc.tasks.registry:TASKS", "judge.warm_start")
