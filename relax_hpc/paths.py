@@ -7,8 +7,19 @@ inner layouts of ``spool/``, ``rendezvous/`` (weight sync), ``weights/v<N>/`` an
 checkpoint folder belong to the packages that own those folders. docs/architecture.md
 maps who writes and who reads each path (a test keeps it in step with ``RunPaths``).
 
-Helpers: ``atomic_write_*`` (temp name, fsync, rename), ``exclusive_create_json`` (claim a
-name), ``read_json``, ``fsync_file``, ``fsync_dir`` and ``tail_text`` (the last lines of a log).
+Helpers: ``atomic_write_*`` (temp name, fsync, rename; ``durable=False`` for advisory files:
+no fsync), ``exclusive_create_json`` (claim a name), ``read_json``, ``fsync_file``,
+``fsync_dir`` and ``tail_text`` (the last lines of a log).
+
+Durability: a file the run's accounting or a checkpoint depends on (spool shards, ledger,
+redo requests, checkpoint markers, the resolved config) is fsynced, and so is the directory
+it is renamed into. A status, heartbeat or progress file that is rewritten every step or
+every few seconds is *advisory*: a crash that loses its last version loses only what it
+said (the next write replaces it, and its readers take a missing or unparsable file as "not
+written yet"), so it is renamed into place without an fsync (~0.2 ms of CPU and up to a few
+ms of wall time per write saved, on the hot path of both roles). Rename alone still gives
+readers the old file or the whole new one while the machine is up; ``close`` before
+``rename`` makes the data visible on other NFS clients (close-to-open) and Lustre clients.
 
 Must not: import torch, Hydra, or anything else of ours.
 """
@@ -65,51 +76,80 @@ def is_disk_full(err: BaseException) -> bool:
     return any(text in str(err) for text in DISK_FULL_TEXTS)
 
 
-def atomic_write_bytes(path: Path | str, data: bytes, mode: int = 0o644) -> Path:
-    """Write ``data`` to ``path`` so that readers see either the old file or the whole new one.
-
-    Temp name in the same directory, fsync, chmod, ``os.replace``, fsync of the directory:
-    POSIX rename semantics only, which NFS, Lustre and GPFS honour.
-    """
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = _tmp_name(path)
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
+def _write_new(path: Path, data: bytes, mode: int, flush: bool) -> None:
+    """Create ``path`` (it must not exist) holding ``data``; fsync it when ``flush``."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
     try:
         with os.fdopen(fd, "wb") as handle:
             handle.write(data)
             handle.flush()
-            os.fsync(handle.fileno())
-        os.chmod(tmp, mode)  # the umask may have narrowed the mode given to open()
+            if flush:
+                os.fsync(handle.fileno())
+        os.chmod(path, mode)  # the umask may have narrowed the mode given to open()
+    except BaseException:
+        path.unlink(missing_ok=True)
+        raise
+
+
+def atomic_write_bytes(
+    path: Path | str, data: bytes, mode: int = 0o644, *, durable: bool = True
+) -> Path:
+    """Write ``data`` to ``path`` so that readers see either the old file or the whole new one.
+
+    Temp name in the same directory, fsync, chmod, ``os.replace``, fsync of the directory:
+    POSIX rename semantics only, which NFS, Lustre and GPFS honour. ``durable=False`` skips
+    both fsyncs, for advisory files only (see the module docstring): after a crash the file
+    may hold an earlier version, be empty, or be missing.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = _tmp_name(path)
+    _write_new(tmp, data, mode, flush=durable)
+    try:
         os.replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
-    fsync_dir(path.parent)
+    if durable:
+        fsync_dir(path.parent)
     return path
 
 
-def atomic_write_text(path: Path | str, text: str, mode: int = 0o644) -> Path:
-    return atomic_write_bytes(path, text.encode("utf-8"), mode)
+def atomic_write_text(
+    path: Path | str, text: str, mode: int = 0o644, *, durable: bool = True
+) -> Path:
+    return atomic_write_bytes(path, text.encode("utf-8"), mode, durable=durable)
 
 
-def atomic_write_json(path: Path | str, obj: Any, mode: int = 0o644) -> Path:
-    return atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=True) + "\n", mode)
+def atomic_write_json(
+    path: Path | str, obj: Any, mode: int = 0o644, *, durable: bool = True
+) -> Path:
+    text = json.dumps(obj, indent=2, sort_keys=True) + "\n"
+    return atomic_write_text(path, text, mode, durable=durable)
 
 
-def exclusive_create_json(path: Path | str, obj: Any, mode: int = 0o644) -> bool:
+def exclusive_create_json(
+    path: Path | str, obj: Any, mode: int = 0o644, *, durable: bool = True
+) -> bool:
     """Create ``path`` holding ``obj`` unless it exists; True when this call created it.
 
-    Written under a temp name and hard-linked to its final one: ``link`` fails when the
-    name exists, atomically on NFS too (``O_EXCL`` is not safe on every NFS), and readers
-    never see a partial file. The way to claim a name that several processes race for.
+    Written under a temp name (fsynced) and hard-linked to its final one: ``link`` fails
+    when the name exists, atomically on NFS too (``O_EXCL`` is not safe on every NFS), and
+    readers never see a partial file, after a crash either: the content is flushed before
+    the name exists. The way to claim a name that several processes race for.
+    ``durable=False`` skips flushing the directory after the link, so a crash may lose the
+    name (never leave it with partial content); only for names whose loss costs repeated
+    work, not correctness (the caller says why).
     """
     path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = _tmp_name(path)
-    atomic_write_json(tmp, obj, mode)
+    # The temp name is this call's alone and never read: no rename, no directory flush.
+    _write_new(tmp, (json.dumps(obj, indent=2, sort_keys=True) + "\n").encode("utf-8"), mode, True)
     try:
         os.link(tmp, path)
-        fsync_dir(path.parent)
+        if durable:
+            fsync_dir(path.parent)
         return True
     except FileExistsError:
         return False

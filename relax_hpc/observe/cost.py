@@ -95,6 +95,8 @@ class CostLedger:
 
     def _write(self, attempts: list[dict]) -> None:
         try:
+            # Fsynced although rewritten every poll: this file is the only record of the
+            # earlier attempts, and an unflushed rewrite could leave it empty after a crash.
             atomic_write_json(self.path, {"attempts": attempts})
         except OSError as err:  # a full filesystem: the run's end says so; keep watching
             if not self.write_failed:

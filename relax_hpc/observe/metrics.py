@@ -73,7 +73,9 @@ class MetricsLogger:
         self.last = finite
         if self.status_path is not None:
             record = {"step": step, "time": time.time(), "metrics": finite, **(extra or {})}
-            atomic_write_json(self.status_path, record)
+            # Advisory, rewritten every step (watcher, console, status CLI): no fsync
+            # (paths' module docstring); a crash loses at most the last step's line.
+            atomic_write_json(self.status_path, record, durable=False)
 
     def flush(self) -> None:
         if self.writer is not None:
@@ -109,4 +111,4 @@ class WarmStartStatus:
         }
         # Progress is for people: a status that cannot be written never stops training.
         with contextlib.suppress(OSError):
-            atomic_write_json(self.path, record)
+            atomic_write_json(self.path, record, durable=False)  # advisory: no fsync

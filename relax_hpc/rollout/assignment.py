@@ -346,7 +346,9 @@ class WorkerHeartbeat:
 
     def beat(self, left: bool = False) -> None:
         record = {"time": time.time(), "pid": os.getpid(), "left": left, **self.details()}
-        atomic_write_json(self.path, record)
+        # No fsync: a beat lost in a crash (or a file left empty) reads as an older or no
+        # beat, so the worker's claims expire sooner, never later; the worker is gone then.
+        atomic_write_json(self.path, record, durable=False)
 
     def stop(self) -> None:
         """Stop beating and say so: the worker's claims are free at once, not after a lease."""

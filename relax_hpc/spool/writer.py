@@ -38,7 +38,7 @@ from relax_hpc.spool.quarantine import clean_abandoned_tmp
 from relax_hpc.spool.sample import Sample
 
 _RECENT_PUBLISHES = 20  # [unix_s, cumulative samples] pairs kept for the status CLI
-_STATUS_INTERVAL_S = 5.0  # the status file costs two fsyncs; refresh it at most this often
+_STATUS_INTERVAL_S = 5.0  # refresh the operator's status file at most this often
 _PUBLISH_ATTEMPTS = 2  # a temp deleted under us (misjudged as abandoned) is rewritten once
 
 
@@ -162,7 +162,9 @@ class ShardWriter:
         self._status_written_s = now_s
         record = dict(stats, writer_id=self.writer_id, host=self._host, pid=os.getpid())
         record["last_publish_unix_s"] = now_s
-        atomic_write_json(self._layout.writer_status_path(self.writer_id), record)
+        # Counters for the operator CLI, not accounting (the shards in ready/ are): no
+        # fsync; a crash may lose the counts since the last refresh that reached the disk.
+        atomic_write_json(self._layout.writer_status_path(self.writer_id), record, durable=False)
 
 
 def publish_groups(

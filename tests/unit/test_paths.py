@@ -7,7 +7,29 @@ import stat
 
 import pytest
 
-from relax_hpc.paths import RunPaths, atomic_write_bytes, atomic_write_json, read_json
+from relax_hpc.observe.metrics import MetricsLogger
+from relax_hpc.paths import (
+    RunPaths,
+    atomic_write_bytes,
+    atomic_write_json,
+    exclusive_create_json,
+    read_json,
+)
+from relax_hpc.rollout.assignment import WorkerHeartbeat
+
+
+@pytest.fixture
+def fsyncs(monkeypatch) -> list[str]:
+    """What each ``os.fsync`` flushed ('file' or 'dir'), in order; the real fsync still runs."""
+    flushed: list[str] = []
+    real = os.fsync
+
+    def spy(fd: int) -> None:
+        flushed.append("dir" if stat.S_ISDIR(os.fstat(fd).st_mode) else "file")
+        real(fd)
+
+    monkeypatch.setattr(os, "fsync", spy)
+    return flushed
 
 
 def test_atomic_write_leaves_no_temp_files_and_sets_the_mode(tmp_path):
@@ -32,6 +54,37 @@ def test_a_write_that_fails_midway_keeps_the_old_file(tmp_path, monkeypatch):
     monkeypatch.undo()
     assert read_json(target) == {"a": 1}
     assert os.listdir(tmp_path) == ["data.json"]
+
+
+def test_a_durable_write_flushes_file_and_directory_an_advisory_one_neither(tmp_path, fsyncs):
+    target = tmp_path / "status.json"
+    atomic_write_json(target, {"step": 1})
+    assert fsyncs == ["file", "dir"]
+    fsyncs.clear()
+    atomic_write_json(target, {"step": 2}, durable=False)
+    assert fsyncs == []
+    assert read_json(target) == {"step": 2}
+    assert os.listdir(tmp_path) == ["status.json"]
+
+
+def test_exclusive_create_flushes_the_content_before_the_name_exists(tmp_path, fsyncs):
+    assert exclusive_create_json(tmp_path / "a.claim", {"worker": "r0"})
+    assert fsyncs == ["file", "dir"]  # the temp file, then the link's directory
+    fsyncs.clear()
+    assert exclusive_create_json(tmp_path / "b.claim", {"worker": "r0"}, durable=False)
+    assert fsyncs == ["file"]  # a crash may lose the name, never leave it half written
+    assert not exclusive_create_json(tmp_path / "b.claim", {"worker": "r1"}, durable=False)
+    assert read_json(tmp_path / "b.claim") == {"worker": "r0"}
+    assert sorted(os.listdir(tmp_path)) == ["a.claim", "b.claim"]
+
+
+def test_per_step_status_and_heartbeat_files_are_not_fsynced(tmp_path, fsyncs):
+    """Advisory files rewritten every step or every few seconds (paths' docstring)."""
+    MetricsLogger(None, tmp_path / "trainer.json").log(3, {"loss/policy": 0.5})
+    WorkerHeartbeat(tmp_path, "r0", interval_s=1.0).beat()
+    assert fsyncs == []
+    assert read_json(tmp_path / "trainer.json")["step"] == 3
+    assert read_json(tmp_path / "workers" / "r0.json")["left"] is False
 
 
 def test_run_paths_layout(tmp_path):
