@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import signal
 import subprocess
 import sys
 import time
@@ -16,8 +14,9 @@ from e2e_helpers import (
     failure_report,
     is_running,
     run_task_pids,
+    runs_of_selected_tests,
     scalars,
-    start_submit,
+    sigkill_trainer_then_resume,
     submit,
     submit_command,
     submit_env,
@@ -143,8 +142,7 @@ def test_export_loads_in_transformers_and_matches_the_checkpoint(learned_run, tm
     assert correct >= 0.7 * len(pairs), f"{correct}/{len(pairs)}"
 
 
-def test_sigkilled_trainer_resumes_from_the_last_checkpoint(tmp_path):
-    run_dir = tmp_path / "run"
+def sigkilled_trainer_run(run_dir):
     overrides = [
         "trainer.total_steps=30",
         "trainer.checkpoint_interval_steps=10",
@@ -152,37 +150,13 @@ def test_sigkilled_trainer_resumes_from_the_last_checkpoint(tmp_path):
         "observe.audit_sample_ids=true",
         "spool.keep_consumed=true",
         "rollout.eval_interval_steps=0",
-    ]
-    first = start_submit(run_dir, *overrides)
-    paths = RunPaths(run_dir)
-    wait_for_step(paths.trainer_status, 15, first, timeout_s=600)
-    trainer_pid = read_json(paths.rendezvous_dir / "trainer.json")["pid"]
-    os.kill(trainer_pid, signal.SIGKILL)  # no warning, no final checkpoint
-    _, stderr = first.communicate(timeout=300)
-    assert first.returncode != 0 and "trainer[0] exited with -9" in stderr
-
-    second = submit(run_dir, "resume=auto", timeout_s=600)
-    assert second.returncode == 0, failure_report(second, run_dir)
-    log = paths.task_log("trainer", 0).read_text()
-    assert "resumed from" in log and "step 10)" in log
-    surviving = read_json(paths.consumed_sample_ids)
-    assert len(surviving) == 30
-    consumed_dir = paths.spool_dir / "consumed"
-    published = {
-        s.sample_id for shard in consumed_dir.iterdir() for g in read_shard(shard)[1] for s in g
-    }
-    assert published, "keep_consumed should retain the consumed shards"
-    assert not check_exactly_once(published | {s for step in surviving for s in step}, surviving)
+    ]  # killed at step 15 (no warning, no final checkpoint), then resume=auto
+    return sigkill_trainer_then_resume(run_dir, overrides, kill_at_step=15, resume_overrides=[])
 
 
-def test_a_sigkilled_supervisor_leaves_no_task_behind(tmp_path):
-    """The local supervisor killed outright: its tasks (own sessions, so no terminal signal
-    reaches them) see it gone, stop as on SIGTERM (the trainer checkpoints first) and free
-    the run directory's lock, which they held with it."""
-    from relax_hpc.checkpoint.store import latest_checkpoint
-    from relax_hpc.launch.runlock import lock_holder
-
-    run_dir = tmp_path / "run"
+def sigkilled_supervisor_run(run_dir) -> list[int]:
+    """The supervisor of a run SIGKILLed at step 3: its tasks' pids, once they are gone
+    (at most 180 s)."""
     overrides = ["trainer.total_steps=500", "rollout.eval_interval_steps=0"]
     supervisor = subprocess.Popen(
         submit_command(run_dir, *overrides), cwd=REPO, env=submit_env(), stderr=subprocess.PIPE
@@ -196,24 +170,14 @@ def test_a_sigkilled_supervisor_leaves_no_task_behind(tmp_path):
     deadline = time.monotonic() + 180
     while any(map(is_running, tasks)) and time.monotonic() < deadline:
         time.sleep(0.5)
-    assert not any(map(is_running, tasks)), "orphaned tasks still running"
-    log = paths.task_log("trainer", 0).read_text()
-    stopped_at = int(log.split("trainer: stopping at step ")[1].split()[0])
-    assert "(SIGTERM)" in log and latest_checkpoint(paths).step == stopped_at
-    # A task's leader shows as a zombie while its other threads still exit; the lock goes
-    # with the last of them.
-    deadline = time.monotonic() + 60
-    while lock_holder(paths) is not None and time.monotonic() < deadline:
-        time.sleep(0.5)
-    assert lock_holder(paths) is None
+    return tasks
 
 
-def test_a_cancelled_run_resumes_on_fewer_trainer_processes(tmp_path):
-    """Two FSDP2 trainer ranks, cancelled (final checkpoint), then ``relayout=true`` onto one
-    process: the DCP checkpoint reshards, the run finishes, every sample trained once."""
+def cancelled_then_relayout_run(run_dir) -> tuple[str, int, subprocess.CompletedProcess]:
+    """Two trainer ranks cancelled at step 2 or later, then resumed with ``relayout=true`` on
+    one: (the first submit's stderr, the step it stopped at, the second submit's result)."""
     from relax_hpc.cancel import request_cancel
 
-    run_dir = tmp_path / "run"
     overrides = [
         "trainer.total_steps=8",
         "trainer.checkpoint_interval_steps=100",
@@ -232,9 +196,66 @@ def test_a_cancelled_run_resumes_on_fewer_trainer_processes(tmp_path):
     request_cancel(run_dir)
     _, stderr = first.communicate(timeout=300)
     stopped_at = read_json(paths.trainer_status)["step"]
-    assert stopped_at < 8, stderr
-
     second = submit(run_dir, "relayout=true", "trainer.processes_per_node=1", timeout_s=600)
+    return stderr, stopped_at, second
+
+
+@pytest.fixture(scope="module")
+def result_of(request, tmp_path_factory):
+    """The runs that test recovery, not learning, share nothing: two at a time (a tiny run
+    leaves one of the two cores idle most of the time). The learning run runs alone."""
+    runs = {
+        test_sigkilled_trainer_resumes_from_the_last_checkpoint: sigkilled_trainer_run,
+        test_a_sigkilled_supervisor_leaves_no_task_behind: sigkilled_supervisor_run,
+        test_a_cancelled_run_resumes_on_fewer_trainer_processes: cancelled_then_relayout_run,
+    }
+    with runs_of_selected_tests(request, tmp_path_factory, runs) as result_of:
+        yield result_of
+
+
+def test_sigkilled_trainer_resumes_from_the_last_checkpoint(its_run):
+    run_dir, second = its_run
+    paths = RunPaths(run_dir)
+    assert second.returncode == 0, failure_report(second, run_dir)
+    log = paths.task_log("trainer", 0).read_text()
+    assert "resumed from" in log and "step 10)" in log
+    surviving = read_json(paths.consumed_sample_ids)
+    assert len(surviving) == 30
+    consumed_dir = paths.spool_dir / "consumed"
+    published = {
+        s.sample_id for shard in consumed_dir.iterdir() for g in read_shard(shard)[1] for s in g
+    }
+    assert published, "keep_consumed should retain the consumed shards"
+    assert not check_exactly_once(published | {s for step in surviving for s in step}, surviving)
+
+
+def test_a_sigkilled_supervisor_leaves_no_task_behind(its_run):
+    """The local supervisor killed outright: its tasks (own sessions, so no terminal signal
+    reaches them) see it gone, stop as on SIGTERM (the trainer checkpoints first) and free
+    the run directory's lock, which they held with it."""
+    from relax_hpc.checkpoint.store import latest_checkpoint
+    from relax_hpc.launch.runlock import lock_holder
+
+    run_dir, tasks = its_run
+    paths = RunPaths(run_dir)
+    assert not any(map(is_running, tasks)), "orphaned tasks still running"
+    log = paths.task_log("trainer", 0).read_text()
+    stopped_at = int(log.split("trainer: stopping at step ")[1].split()[0])
+    assert "(SIGTERM)" in log and latest_checkpoint(paths).step == stopped_at
+    # A task's leader shows as a zombie while its other threads still exit; the lock goes
+    # with the last of them.
+    deadline = time.monotonic() + 60
+    while lock_holder(paths) is not None and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert lock_holder(paths) is None
+
+
+def test_a_cancelled_run_resumes_on_fewer_trainer_processes(its_run):
+    """Two FSDP2 trainer ranks, cancelled (final checkpoint), then ``relayout=true`` onto one
+    process: the DCP checkpoint reshards, the run finishes, every sample trained once."""
+    run_dir, (stderr, stopped_at, second) = its_run
+    paths = RunPaths(run_dir)
+    assert stopped_at < 8, stderr
     assert second.returncode == 0, failure_report(second, run_dir)
     assert "relayout: trainer.processes_per_node: 2 -> 1" in second.stderr
     resumed = paths.task_log("trainer", 0).read_text().split("trainer rank 0/1 of job")[1]
