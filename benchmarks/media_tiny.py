@@ -26,10 +26,10 @@ import torch
 from relax_hpc.data.media_tasks import MediaTask
 from relax_hpc.media.decode import MediaColumns, decode_row_media
 from relax_hpc.media.inputs import MediaBatch
-from relax_hpc.models.media_warmstart import media_warm_start
 from relax_hpc.models.multimodal import build_tiny_media_model, load_media_model
 from relax_hpc.rollout.engines.base import GenerationRequest, SamplingParams
 from relax_hpc.rollout.engines.media_engine import MediaTransformersEngine, media_request
+from relax_hpc.tasks.media import media_warm_start
 from relax_hpc.trainer.media_logprobs import media_token_logprobs
 
 CASES = {"qwen3_vl": "shapes", "qwen2_5_omni": "pitch"}

@@ -5,9 +5,10 @@ processes agree on names, shapes, initial weights and media inputs.
 Two sources, as for text models (``models.build``): a local Hugging Face folder
 (``model.path``: its saved class and processor files), or a tiny built-in model of
 ``model.architecture`` from config (``models.multimodal``: ``TINY_ARCH`` deep-merged with
-``model.arch``, the offline tokenizer and processor), warm-started on a media task when
-``model.warm_start`` (``models.media_warmstart``, cached). ``model.tokenizer`` is not read:
-the tokenizer is the processor's.
+``model.arch``, the offline tokenizer and processor), or with ``model.warm_start`` the
+folder of its warm start on a media task, which the caller asks the run's task for
+(``tasks.registry.policy_warm_start``: ``tasks.media``, cached). ``model.tokenizer`` is not
+read: the tokenizer is the processor's.
 
 Must not: download anything, or know about training, rollout or the run directory.
 """
@@ -21,16 +22,14 @@ import transformers
 from transformers import PreTrainedModel
 
 from relax_hpc.config.errors import ConfigError
-from relax_hpc.config.schema import DataConfig, ModelConfig
+from relax_hpc.config.schema import ModelConfig
 from relax_hpc.media.processor import MediaProcessor
-from relax_hpc.models.media_warmstart import MediaWarmStartConfig, media_warm_start
 from relax_hpc.models.multimodal import (
     ARCHITECTURES,
     OMNI_THINKERS,
     build_tiny_media_model,
     load_media_model,
 )
-from relax_hpc.tasks.warm_start import default_cache_dir
 
 # Media model classes refused at submit, with the reason (ConfigError on model.architecture).
 REFUSED_ARCHITECTURES = {
@@ -41,13 +40,6 @@ REFUSED_ARCHITECTURES = {
         "Qwen2.5-Omni or Qwen3-Omni thinker (Qwen2_5OmniThinkerForConditionalGeneration)"
     ),
 }
-DEFAULT_WARM_START_TASK = "shapes"  # data/media_tasks.py: what a tiny VL model warm-starts on
-
-
-def media_warm_start_task(data_cfg: DataConfig) -> str:
-    """The built-in media task a tiny model warm-starts on: the run's ``data.media_task``.
-    Trainer and rollout both ask here, so both warm-start (and cache) the same model."""
-    return data_cfg.media_task or DEFAULT_WARM_START_TASK
 
 
 def is_media_model(model_cfg: ModelConfig) -> bool:
@@ -81,31 +73,25 @@ def build_media_policy(
     dtype: torch.dtype = torch.float32,
     seed: int = 0,
     *,
-    warm_start_task: str = DEFAULT_WARM_START_TASK,
-    split_seed: int = 0,
-    cache_dir: str | Path | None = None,
-    warm_start_recipe: MediaWarmStartConfig | None = None,
+    warm_start_folder: str | Path | None = None,
 ) -> tuple[PreTrainedModel, MediaProcessor]:
     """``(model, processor)`` of ``model_cfg``: eval mode, on the CPU, in ``dtype``.
 
     From ``model.path`` when set; else the built-in tiny model drawn from ``seed``, or with
-    ``model.warm_start`` its cached warm start on ``warm_start_task`` (the run's media task,
-    ``split_seed`` its train/eval split) under ``cache_dir`` (default
-    ``$RELAX_HPC_CACHE_DIR``). The caller moves the model and sets train mode.
+    ``model.warm_start`` the warm-started ``warm_start_folder`` (the run's task's, which
+    trainer and rollout both ask for, so both load the same cached model). The caller
+    moves the model and sets train mode.
     """
     if model_cfg.path is not None:
         return load_media_policy(model_cfg.path, dtype)
     family = media_family(model_cfg.architecture)
     if model_cfg.warm_start:
-        folder = media_warm_start(
-            family,
-            warm_start_task,
-            Path(cache_dir) if cache_dir is not None else default_cache_dir(),
-            warm_start_recipe,
-            arch=model_cfg.arch,
-            split_seed=split_seed,
-        )
-        return load_media_model(folder, dtype)
+        if warm_start_folder is None:
+            raise ValueError(
+                "model.warm_start: the media policy needs its warm start's folder "
+                "(tasks.registry.policy_warm_start)"
+            )
+        return load_media_model(Path(warm_start_folder), dtype)
     model, processor = build_tiny_media_model(family, model_cfg.arch, seed=seed)
     return model.to(dtype).eval(), processor
 

@@ -4,14 +4,17 @@
 of its module (``package.module:TASK``), imported only when asked for. A config names a
 task where a model is warm-started: ``judge.warm_start`` and
 ``rewards.reward_models.<name>.warm_start`` name one directly; a policy's
-(``model.warm_start: true``) follows from the run's environment and data (``policy_task``).
+(``model.warm_start: true``) follows from its modality, the run's environment and its data
+(``policy_task``).
 
 Must not: import a task's module before it is asked for (they load torch and transformers).
 """
 
 from __future__ import annotations
 
-from relax_hpc.config.schema import DataConfig
+from pathlib import Path
+
+from relax_hpc.config.schema import DataConfig, ModelConfig
 from relax_hpc.plugins import Plugin, Registry
 from relax_hpc.tasks.base import Task
 
@@ -24,6 +27,8 @@ TASKS = Registry(
         "addition_scorer": Plugin("relax_hpc.tasks.scorer:TASK"),
         "calculator": Plugin("relax_hpc.tasks.calculator:TASK"),
         "guess_number": Plugin("relax_hpc.tasks.guess:TASK"),
+        "shapes": Plugin("relax_hpc.tasks.media:SHAPES"),
+        "pitch": Plugin("relax_hpc.tasks.media:PITCH"),
     },
     what="object",
 )
@@ -34,6 +39,8 @@ ENVIRONMENT_TASKS = {"calculator": "calculator"}
 # which refuses it with a message naming data.kind.
 DATA_TASKS = {"synthetic_addition": "addition", "guess_number": "guess_number"}
 DEFAULT_POLICY_TASK = "addition"
+# A media policy (model.modality not text) warm-starts on data.media_task, else this one.
+DEFAULT_MEDIA_TASK = "shapes"
 
 
 def task(name: str, field: str = "warm_start") -> Task:
@@ -45,14 +52,31 @@ def task(name: str, field: str = "warm_start") -> Task:
     return found
 
 
-def policy_task_name(data_cfg: DataConfig, environment: str | None) -> str:
-    """The task a run's policy warm-starts on: its environment's, else its data's."""
+def policy_task_name(model_cfg: ModelConfig, data_cfg: DataConfig, environment: str | None) -> str:
+    """The task a run's policy warm-starts on: a media policy's media task; else its
+    environment's, else its data's."""
+    if model_cfg.modality != "text":
+        return data_cfg.media_task or DEFAULT_MEDIA_TASK
     if environment in ENVIRONMENT_TASKS:
         return ENVIRONMENT_TASKS[environment]
     return DATA_TASKS.get(data_cfg.kind, DEFAULT_POLICY_TASK)
 
 
-def policy_task(data_cfg: DataConfig, environment: str | None) -> Task:
+def policy_task(model_cfg: ModelConfig, data_cfg: DataConfig, environment: str | None) -> Task:
     """The ``Task`` of a run's policy (``model.warm_start: true``); trainer and rollout ask
     here, so both warm-start (and cache) the same model."""
-    return task(policy_task_name(data_cfg, environment), "model.warm_start")
+    return task(policy_task_name(model_cfg, data_cfg, environment), "model.warm_start")
+
+
+def policy_warm_start(
+    model_cfg: ModelConfig,
+    data_cfg: DataConfig,
+    environment: str | None,
+    cache_dir: Path | None = None,
+) -> Path:
+    """The warm-started folder of a run's policy (trained the first time) under
+    ``cache_dir`` (default ``$RELAX_HPC_CACHE_DIR``)."""
+    from relax_hpc.tasks.warm_start import default_cache_dir  # torch: only when asked
+
+    chosen = policy_task(model_cfg, data_cfg, environment)
+    return chosen.warm_start(model_cfg, data_cfg, cache_dir or default_cache_dir())

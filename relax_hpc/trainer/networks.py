@@ -20,12 +20,7 @@ import torch
 from relax_hpc.algo import AlgorithmSpec
 from relax_hpc.config import ModelConfig, RunConfig
 from relax_hpc.models.build import build_causal_lm, build_tokenizer
-from relax_hpc.models.media_policy import (
-    build_media_policy,
-    is_media_model,
-    load_media_policy,
-    media_warm_start_task,
-)
+from relax_hpc.models.media_policy import build_media_policy, is_media_model, load_media_policy
 from relax_hpc.observe.metrics import WarmStartStatus
 from relax_hpc.paths import RunPaths
 from relax_hpc.trainer.backend import HFNetworks
@@ -42,12 +37,11 @@ def initial_model_config(cfg: RunConfig) -> ModelConfig:
     run's task (``tasks.registry.policy_task``)."""
     if not cfg.model.warm_start:
         return cfg.model
-    from relax_hpc.tasks.registry import policy_task
+    from relax_hpc.tasks.registry import policy_warm_start
     from relax_hpc.tasks.warm_start import warm_started_model_config
 
-    task = policy_task(cfg.data, cfg.rollout.environment)
     with warm_start_progress(cfg):
-        folder = task.warm_start(cfg.model, cfg.data, cache_dir())
+        folder = policy_warm_start(cfg.model, cfg.data, cfg.rollout.environment, cache_dir())
     return warm_started_model_config(cfg.model, folder)
 
 
@@ -93,14 +87,15 @@ def media_networks(
 ) -> tuple[HFNetworks, Any]:
     """``hf_networks`` of a VL/Omni policy: networks from a path are media models of that
     folder (they share the policy's processor, so their media inputs must match)."""
-    with warm_start_progress(cfg):
-        policy, processor = build_media_policy(
-            cfg.model,
-            dtype,
-            seed=cfg.seed,
-            warm_start_task=media_warm_start_task(cfg.data),
-            cache_dir=cache_dir(),
-        )
+    from relax_hpc.tasks.registry import policy_warm_start
+
+    folder = None
+    if cfg.model.warm_start and cfg.model.path is None:
+        with warm_start_progress(cfg):
+            folder = policy_warm_start(cfg.model, cfg.data, cfg.rollout.environment, cache_dir())
+    policy, processor = build_media_policy(
+        cfg.model, dtype, seed=cfg.seed, warm_start_folder=folder
+    )
 
     def from_path_or_copy(field: str, initial: torch.nn.Module | None):
         path = getattr(cfg.model, field)

@@ -236,7 +236,7 @@ def warm_start_record(paths: RunPaths) -> dict:
 
     cfg = load_run_config(paths.resolved_config)
     cache = Path(submit_env()["RELAX_HPC_CACHE_DIR"])
-    task = policy_task(cfg.data, cfg.rollout.environment)
+    task = policy_task(cfg.model, cfg.data, cfg.rollout.environment)
     folder = task.warm_start(cfg.model, cfg.data, cache)
     return read_json(folder / "warmstart.json")
 

@@ -53,6 +53,14 @@ def test_tasks_never_import_the_roles_process_code():
         assert not roles, f"{path} imports {roles}"
 
 
+def test_models_and_data_never_import_the_tasks():
+    """Tasks are built on models and data; a model builder that reached back into a task
+    (as the media policy's did) would hide which task a run warm-starts on."""
+    for path in modules_under("models") + modules_under("data"):
+        named = {n for n in imported_modules(path) if _within(n, "relax_hpc.tasks")}
+        assert not named, f"{path} imports {named}"
+
+
 def test_the_roles_reach_a_task_only_through_its_registry():
     """Trainer and rollout ask ``tasks.registry`` for the task of their config (and use the
     shared ``tasks.warm_start``); none names a task's own module."""

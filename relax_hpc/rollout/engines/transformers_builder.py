@@ -6,6 +6,7 @@ Must not: import SGLang.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -13,11 +14,7 @@ import torch
 from relax_hpc.config import RunConfig
 from relax_hpc.config.schema import JudgeConfig, ModelConfig
 from relax_hpc.models.build import build_causal_lm, build_tokenizer, resolve_dtype
-from relax_hpc.models.media_policy import (
-    build_media_policy,
-    is_media_model,
-    media_warm_start_task,
-)
+from relax_hpc.models.media_policy import build_media_policy, is_media_model
 from relax_hpc.paths import RunPaths
 from relax_hpc.rollout.engines.base import Engine
 from relax_hpc.rollout.engines.builder import EngineBuilder, JudgeEngine, PolicyEngine
@@ -26,12 +23,22 @@ from relax_hpc.rollout.engines.transformers_engine import TransformersEngine
 from relax_hpc.weightsync.receiver import LoadFn
 
 
+def media_warm_start(cfg: RunConfig) -> Path | None:
+    """The folder of a media policy's warm start (``model.warm_start``, built from config),
+    which the trainer loads too: the run's task's (``tasks.registry``)."""
+    if not cfg.model.warm_start or cfg.model.path is not None:
+        return None
+    from relax_hpc.tasks.registry import policy_warm_start
+
+    return policy_warm_start(cfg.model, cfg.data, cfg.rollout.environment)
+
+
 class TransformersBuilder(EngineBuilder):
     def build_policy(self, cfg: RunConfig, device: torch.device) -> PolicyEngine:
         dtype = resolve_dtype(cfg.model.dtype, device)
         if is_media_model(cfg.model):
             model, processor = build_media_policy(
-                cfg.model, dtype, seed=cfg.seed, warm_start_task=media_warm_start_task(cfg.data)
+                cfg.model, dtype, seed=cfg.seed, warm_start_folder=media_warm_start(cfg)
             )
             engine = MediaTransformersEngine(model.to(device), processor)
             return engine, processor.tokenizer, processor

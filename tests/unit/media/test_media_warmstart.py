@@ -9,12 +9,8 @@ import torch
 from media_fixtures import tiny
 
 from relax_hpc.data.media_tasks import MediaTask
-from relax_hpc.models.media_warmstart import (
-    MediaWarmStartConfig,
-    media_warm_start,
-    supervised_media_batch,
-)
 from relax_hpc.models.multimodal import build_tiny_media_model, load_media_model
+from relax_hpc.tasks.media import MediaWarmStartConfig, media_warm_start, supervised_media_batch
 from relax_hpc.tasks.warm_start import LOCKS_DIR
 
 RECIPE = MediaWarmStartConfig(steps=2, batch_size=4, warmup_steps=1)

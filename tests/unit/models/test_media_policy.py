@@ -10,8 +10,8 @@ import torch
 from relax_hpc.config.errors import ConfigError
 from relax_hpc.config.schema import ModelConfig
 from relax_hpc.models.media_policy import build_media_policy, is_media_model
-from relax_hpc.models.media_warmstart import MediaWarmStartConfig
 from relax_hpc.models.multimodal import save_media_model, tiny_processor
+from relax_hpc.tasks.media import MediaWarmStartConfig, media_warm_start
 from relax_hpc.tasks.warm_start import LOCKS_DIR
 
 VL = "Qwen3VLForConditionalGeneration"
@@ -51,13 +51,15 @@ def test_bfloat16_is_honoured():
 def test_warm_start_is_cached_and_loaded_from_the_cache(tmp_path):
     recipe = MediaWarmStartConfig(steps=2, batch_size=4, warmup_steps=1)
     cfg = vl_config(warm_start=True)
-    model, processor = build_media_policy(cfg, cache_dir=tmp_path, warm_start_recipe=recipe)
+    trained = media_warm_start("qwen3_vl", "shapes", tmp_path, recipe)  # what the task gives
+    model, processor = build_media_policy(cfg, warm_start_folder=trained)
     (folder,) = (p for p in tmp_path.iterdir() if p.name != LOCKS_DIR)
     assert json.loads((folder / "warmstart.json").read_text())["inputs"]["task"] == "shapes"
     assert type(model).__name__ == VL
     fresh, _ = build_media_policy(vl_config(), seed=recipe.seed)
     assert not same_weights(model, fresh)  # trained
-    again, _ = build_media_policy(cfg, cache_dir=tmp_path, warm_start_recipe=recipe)
+    cached = media_warm_start("qwen3_vl", "shapes", tmp_path, recipe)
+    again, _ = build_media_policy(cfg, warm_start_folder=cached)
     assert same_weights(model, again) and len(list(tmp_path.iterdir())) == 2  # + .locks
     assert processor.fingerprint == tiny_processor("qwen3_vl").fingerprint
 
@@ -115,14 +117,15 @@ def test_two_processes_needing_the_warm_start_train_it_once(tmp_path):
         "logging.basicConfig(level=logging.INFO)\n"
         "from relax_hpc.config.schema import ModelConfig\n"
         "from relax_hpc.models.media_policy import build_media_policy\n"
-        "from relax_hpc.models.media_warmstart import MediaWarmStartConfig\n"
+        "from relax_hpc.tasks.media import MediaWarmStartConfig, media_warm_start\n"
         "cfg = ModelConfig(name='v', architecture='Qwen3VLForConditionalGeneration',"
         " modality='vision', warm_start=True)\n"
         "recipe = MediaWarmStartConfig(steps=5, batch_size=4, warmup_steps=1)\n"
         "pathlib.Path(sys.argv[2]).touch()\n"
         "while not pathlib.Path(sys.argv[3]).exists():\n"
         "    time.sleep(0.005)\n"
-        "build_media_policy(cfg, cache_dir=sys.argv[1], warm_start_recipe=recipe)\n"
+        "folder = media_warm_start('qwen3_vl', 'shapes', sys.argv[1], recipe)\n"
+        "build_media_policy(cfg, warm_start_folder=folder)\n"
     )
     cache, go = tmp_path / "cache", tmp_path / "go"
     ready = [tmp_path / f"ready-{i}" for i in range(2)]

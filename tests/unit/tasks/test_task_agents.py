@@ -206,7 +206,8 @@ def test_the_agent_recipes_train_cache_and_key_like_grpo_tiny(tmp_path):
 
 
 def test_each_run_gets_the_recipe_of_its_environment_and_task():
-    assert policy_task(ADDITION, "calculator").warm_start is calculator_warm_start
-    assert policy_task(GUESS, "guess_number").warm_start is guess_warm_start
-    assert policy_task(ADDITION, None).warm_start is warm_start
-    assert policy_task(ADDITION, "my_lab.envs:Agent").warm_start is warm_start
+    text = ModelConfig(name="t")
+    assert policy_task(text, ADDITION, "calculator").warm_start is calculator_warm_start
+    assert policy_task(text, GUESS, "guess_number").warm_start is guess_warm_start
+    assert policy_task(text, ADDITION, None).warm_start is warm_start
+    assert policy_task(text, ADDITION, "my_lab.envs:Agent").warm_start is warm_start

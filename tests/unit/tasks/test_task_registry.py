@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from relax_hpc.config.rewards import RM_WARM_STARTS
-from relax_hpc.config.schema import JUDGE_WARM_STARTS, DataConfig
+from relax_hpc.config.schema import JUDGE_WARM_STARTS, MEDIA_TASKS, DataConfig, ModelConfig
 from relax_hpc.plugins import PluginError
 from relax_hpc.tasks.base import Task
 from relax_hpc.tasks.registry import DATA_TASKS, ENVIRONMENT_TASKS, TASKS, policy_task, task
@@ -33,13 +33,27 @@ def test_the_tables_name_tasks_that_agree():
     assert [task(n).warm_starts for n in scorers] == ["reward_model"] * len(scorers)
 
 
+TEXT = ModelConfig(name="t")
+VL = ModelConfig(name="v", architecture="Qwen3VLForConditionalGeneration", modality="vision")
+
+
 def test_a_policy_gets_the_task_of_its_environment_else_of_its_data():
     addition = DataConfig(kind="synthetic_addition")
-    assert policy_task(addition, "calculator").name == "calculator"
-    assert policy_task(addition, "my_lab.envs:Agent").name == "addition"
-    assert policy_task(DataConfig(kind="guess_number"), "guess_number").name == "guess_number"
+    assert policy_task(TEXT, addition, "calculator").name == "calculator"
+    assert policy_task(TEXT, addition, "my_lab.envs:Agent").name == "addition"
+    guess = DataConfig(kind="guess_number")
+    assert policy_task(TEXT, guess, "guess_number").name == "guess_number"
     # Any other kind: addition's warm start, which refuses the kind with the field's name.
-    assert policy_task(DataConfig(kind="jsonl"), None).name == "addition"
+    assert policy_task(TEXT, DataConfig(kind="jsonl"), None).name == "addition"
+    assert policy_task(TEXT, DataConfig(kind="media_task"), None).name == "addition"
+
+
+def test_a_media_policy_gets_its_media_task_whatever_its_data():
+    for name in MEDIA_TASKS:
+        media = DataConfig(kind="media_task", media_task=name)
+        assert policy_task(VL, media, None).name == name
+        assert task(name).data_kind == "media_task"
+    assert policy_task(VL, DataConfig(kind="jsonl"), None).name == "shapes"  # the default
 
 
 def test_a_users_task_loads_and_a_wrong_name_is_refused():

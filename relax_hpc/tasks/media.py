@@ -1,6 +1,7 @@
-"""The cached supervised warm start of the tiny VL/Omni models on the media tasks: a weak
-but not hopeless base for RL (``tasks.addition`` is its text twin; this one reuses its lr
-schedule and atomic publishing).
+"""The media tasks ``shapes`` (count shapes in an image) and ``pitch`` (which tone a clip
+plays), ``data.kind: media_task``, reward ``exact_match``: the cached supervised warm start
+of the tiny VL/Omni models, a weak but not hopeless base for RL (``tasks.addition`` is its
+text twin; both use ``tasks.warm_start``'s loop and atomic publishing).
 
 A tiny model of a media family (``models.multimodal``) is trained on the *sloppy teacher* of
 a media task (``data.media_tasks.sloppy_label``: right with ``correct_prob``, else its
@@ -30,10 +31,13 @@ import torch
 from torch import Tensor
 from transformers import PreTrainedModel
 
+from relax_hpc.config.schema import DataConfig, ModelConfig
 from relax_hpc.data.media_tasks import MediaExample, MediaTask, sloppy_label
 from relax_hpc.media.inputs import collate_media
 from relax_hpc.media.processor import MediaProcessor
+from relax_hpc.models.media_policy import media_family
 from relax_hpc.models.multimodal import build_tiny_media_model, tiny_arch, tiny_processor
+from relax_hpc.tasks.base import Task, WarmStart
 from relax_hpc.tasks.warm_start import cached_training, fit_supervised
 
 log = logging.getLogger(__name__)
@@ -165,3 +169,28 @@ def supervised_media_batch(
         "labels": labels,
         **collate_media(media),
     }
+
+
+def policy_warm_start(task_name: str) -> WarmStart:
+    """The warm start of a run's tiny media policy on ``task_name``: its family from
+    ``model.architecture``, its arch from ``model.arch``; the default recipe of the task."""
+
+    def warm_start(model_cfg: ModelConfig, data_cfg: DataConfig, cache_dir: Path) -> Path:
+        family = media_family(model_cfg.architecture)
+        return media_warm_start(family, task_name, cache_dir, arch=model_cfg.arch)
+
+    return warm_start
+
+
+SHAPES = Task(
+    name="shapes",
+    data_kind="media_task",
+    warm_start=policy_warm_start("shapes"),
+    reward="exact_match",
+)
+PITCH = Task(
+    name="pitch",
+    data_kind="media_task",
+    warm_start=policy_warm_start("pitch"),
+    reward="exact_match",
+)
