@@ -32,6 +32,7 @@ from e2e_helpers import (
     submit,
     submit_command,
     submit_env,
+    submit_side_by_side,
     wait_for_step,
 )
 
@@ -206,25 +207,27 @@ CALCULATOR_STEPS = 10
 
 @pytest.fixture(scope="module")
 def calculator_runs(tmp_path_factory):
-    """grpo_tiny_calculator with its tool, and the same run with the tool disabled, from the
-    tests' shared warm-start cache (``submit_env``: trained by the first run where cold)."""
+    """grpo_tiny_calculator with its tool, and the same run with the tool disabled, side by
+    side (they share only the warm start, from the tests' shared cache (``submit_env``),
+    trained under its lock by the first run where cold; a tiny run leaves one of the two
+    cores idle much of the time)."""
     root = tmp_path_factory.mktemp("calculator")
+    arms = {
+        "tool": (root / "tool", []),
+        "no_tool": (root / "no_tool", ["+rollout.environment_options.tool_enabled=false"]),
+    }
+    results = submit_side_by_side(
+        {
+            arm: (run_dir, [f"trainer.total_steps={CALCULATOR_STEPS}", *extra])
+            for arm, (run_dir, extra) in arms.items()
+        },
+        experiment="grpo_tiny_calculator",
+    )
     runs = {}
-    for arm, extra in (
-        ("tool", []),
-        ("no_tool", ["+rollout.environment_options.tool_enabled=false"]),
-    ):
-        run_dir = root / arm
-        result = submit(
-            run_dir,
-            f"trainer.total_steps={CALCULATOR_STEPS}",
-            *extra,
-            experiment="grpo_tiny_calculator",
-            timeout_s=600,
-        )
-        assert result.returncode == 0, failure_report(result, run_dir)
+    for arm, (run_dir, _) in arms.items():
+        assert results[arm].returncode == 0, failure_report(results[arm], run_dir)
         runs[arm] = RunPaths(run_dir)
-        runs[f"{arm}_stderr"] = result.stderr
+        runs[f"{arm}_stderr"] = results[arm].stderr
     return runs
 
 
