@@ -187,6 +187,9 @@ RUN_OWNER_NAME = "control/run.owner.json"
 WATCH_LOG_NAME = f"{LOGS_SUBDIR}/watch.log"  # the run watcher's output (batch script)
 # A step's configuration error; the batch script removes it when a start begins.
 CONFIG_ERROR_NAME = "status/config_error.json"
+# "<job id> <start>": the batch script's last start, counted over requeues and the
+# trainer's restarts in place, so that every start of a job has a number of its own.
+JOB_STARTS_NAME = "status/job_starts"
 
 
 def task_log_name(role: str, task: int | str) -> str:
@@ -434,6 +437,10 @@ class RunPaths:
         """Written by a rollout task's keeper that gave up restarting its worker
         (``rollout.max_restarts``): this start ends as failed, not requeued."""
         return self.status_dir / "component_failed.json"
+
+    @property
+    def job_starts(self) -> Path:
+        return self.root / JOB_STARTS_NAME
 
     @property
     def config_error(self) -> Path:

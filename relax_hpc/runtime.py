@@ -17,6 +17,8 @@ from dataclasses import dataclass
 
 # Set by relax_hpc.launch.local for each task it starts.
 LOCAL_PREFIX = "RELAX_HPC_"
+# How many starts of its job came before the task's own (local executor, batch script).
+START_COUNT_VAR = f"{LOCAL_PREFIX}RESTART_COUNT"
 
 
 @dataclass(frozen=True)
@@ -25,7 +27,7 @@ class TaskIdentity:
     world_size: int  # tasks in the role's step
     local_rank: int  # rank on this node
     job_id: str  # Slurm job id (the hetjob leader's) or "local-<pid of the executor>"
-    restart_count: int  # how many times the job was requeued / restarted before
+    restart_count: int  # starts of the job before this task's: requeues, trainer restarts
     launcher: str  # slurm | local | none
     # Rollout only: None for the run's own rollout step; else the name of an extra pool of
     # workers added during the run (``relax_hpc.scale``), given on the command line.
@@ -45,7 +47,7 @@ class TaskIdentity:
                 world_size=int(env[f"{LOCAL_PREFIX}WORLD_SIZE"]),
                 local_rank=int(env.get(f"{LOCAL_PREFIX}LOCAL_RANK", env[f"{LOCAL_PREFIX}RANK"])),
                 job_id=env.get(f"{LOCAL_PREFIX}JOB_ID", "local"),
-                restart_count=int(env.get(f"{LOCAL_PREFIX}RESTART_COUNT", "0")),
+                restart_count=int(env.get(START_COUNT_VAR, "0")),
                 launcher="local",
             )
         if "SLURM_PROCID" in env and "SLURM_STEP_ID" in env:
@@ -54,7 +56,11 @@ class TaskIdentity:
                 world_size=int(env.get("SLURM_STEP_NUM_TASKS", env.get("SLURM_NTASKS", "1"))),
                 local_rank=int(env.get("SLURM_LOCALID", "0")),
                 job_id=env["SLURM_JOB_ID"],
-                restart_count=int(env.get("SLURM_RESTART_COUNT", "0")),
+                # The batch script counts its starts (requeues and the trainer's restarts in
+                # place, launch/sbatch.py); Slurm's own count is only the requeues.
+                restart_count=int(
+                    env.get(START_COUNT_VAR, env.get("SLURM_RESTART_COUNT", "0"))
+                ),
                 launcher="slurm",
             )
         return cls(0, 1, 0, f"pid{os.getpid()}", 0, "none")

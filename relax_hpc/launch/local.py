@@ -34,10 +34,11 @@ from relax_hpc.launch.outcome import (
     recorded_component_failure,
     recorded_config_error,
     repeated_start_error,
+    trainer_crashed,
 )
 from relax_hpc.launch.plan import JobPlan, RolePlan
 from relax_hpc.paths import RunPaths, tail_text
-from relax_hpc.runtime import LOCAL_PREFIX, SUPERVISOR_PID_VAR
+from relax_hpc.runtime import LOCAL_PREFIX, START_COUNT_VAR, SUPERVISOR_PID_VAR
 
 TAIL_LINES = 20
 
@@ -89,16 +90,17 @@ class LocalExecutor:
             trainer_rc, alone = self._run_once(restart_count)
             self.watch.stop()
             self.end = self._decide(trainer_rc, restart_count)
-            self.watch.end(self.end.outcome, self.end.detail)
+            if alone and self.end.requeue and not self._others_running():
+                self._stop_all(signal.SIGTERM)  # one of them ended meanwhile: all start again
+                alone = False
+            alone_restart = restart_count + 1 if alone and self.end.requeue else None
+            self.watch.end(self.end.outcome, self.end.detail, alone_restart)
             if not self.end.requeue:
                 if alone:  # the others were left running for a restart that is not coming
                     self._stop_all(signal.SIGTERM)
                 if self.end.outcome == "failed":
                     print(f"relax_hpc: {self.end.detail}", file=sys.stderr)
                 return self.end.exit_code
-            if alone and not self._others_running():
-                self._stop_all(signal.SIGTERM)  # one of them ended meanwhile: all start again
-                alone = False
             restart_count += 1
             which = "the trainer alone (the rollout workers keep running)" if alone else "all"
             print(
@@ -162,10 +164,9 @@ class LocalExecutor:
 
     def _trainer_crashed_alone(self, first: Task) -> bool:
         """The trainer crashed (no stop, no config error) while every other role runs."""
-        crashed = first.exit_code not in (exitcodes.DONE, exitcodes.STOPPED, exitcodes.CONFIG_ERROR)
         return (
             first.role == "trainer"
-            and crashed
+            and trainer_crashed(first.exit_code)
             and not self.interrupted
             and not self.paths.cancel_request.exists()
             and self._others_running()
@@ -190,7 +191,7 @@ class LocalExecutor:
                 f"{LOCAL_PREFIX}WORLD_SIZE": str(role.num_tasks),
                 f"{LOCAL_PREFIX}LOCAL_RANK": str(rank),
                 f"{LOCAL_PREFIX}JOB_ID": f"local-{os.getpid()}",
-                f"{LOCAL_PREFIX}RESTART_COUNT": str(restart_count),
+                START_COUNT_VAR: str(restart_count),
                 SUPERVISOR_PID_VAR: str(os.getpid()),
                 "PYTHONUNBUFFERED": "1",
             }
@@ -313,11 +314,15 @@ class LocalWatch:
             self.thread.join()
             self.thread = None
 
-    def end(self, outcome: str, detail: str) -> None:
+    def end(self, outcome: str, detail: str, alone_restart: int | None = None) -> None:
+        """``alone_restart``: the restart that starts the trainer alone, if this is one."""
         if self.notifier is None:
             return
-        from relax_hpc.observe.watch import job_end_alert
+        from relax_hpc.observe.watch import job_end_alert, tell_trainer_restart
 
-        self.notifier.send(job_end_alert(self.cfg, self.paths, outcome, detail))
+        alone = alone_restart is not None
+        if alone:
+            tell_trainer_restart(self.paths, alone_restart, detail)
+        self.notifier.send(job_end_alert(self.cfg, self.paths, outcome, detail, alone))
         if outcome != "requeued":
             self.notifier.close()

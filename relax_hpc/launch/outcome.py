@@ -11,6 +11,11 @@ a restart would only repeat it. The local executor calls ``decide_end``; the bat
 runs ``python -m relax_hpc.launch.outcome RUN_DIR --trainer-exit N ...`` and evaluates the
 shell assignments it prints.
 
+A start that would be requeued because the trainer crashed (no stop was asked for, no
+configuration error) while every other role still runs restarts the trainer alone
+(``restarts_trainer_alone``): both launchers start the trainer again from its last complete
+checkpoint and leave the rollout steps running; it counts as a restart like a requeue.
+
 Must not: act on the decision (requeue, alert, stop steps); import torch.
 """
 
@@ -94,6 +99,19 @@ def decide_end(
         detail += f"; gave up after {restarts} restart(s) (cluster.max_restarts={max_restarts})"
         return StartEnd("failed", detail, exitcodes.FAILED)
     return StartEnd("requeued", detail, exitcodes.DONE)
+
+
+def trainer_crashed(trainer_exit: int) -> bool:
+    """Neither the end of training, a checkpointed stop, nor a configuration error."""
+    return trainer_exit not in (exitcodes.DONE, exitcodes.STOPPED, exitcodes.CONFIG_ERROR)
+
+
+def restarts_trainer_alone(
+    end: StartEnd, trainer_exit: int, *, others_running: bool, signal: str | None
+) -> bool:
+    """The trainer starts again alone, the other roles keep running: it crashed while they
+    ran, no stop was asked for (a signal, a cancel) and the decision is to start again."""
+    return end.requeue and others_running and not signal and trainer_crashed(trainer_exit)
 
 
 def recorded_config_error(paths: RunPaths) -> str | None:
@@ -188,13 +206,15 @@ def largest_checkpoint_bytes(paths: RunPaths) -> int:
     return max(sizes)
 
 
-def shell_assignments(end: StartEnd) -> str:
-    """What the batch script evaluates: ``outcome``, ``detail``, ``exit_code``, ``requeue``."""
+def shell_assignments(end: StartEnd, alone: bool = False) -> str:
+    """What the batch script evaluates: ``outcome``, ``detail``, ``exit_code``, ``requeue``
+    and ``alone`` (1: start the trainer's step again in this allocation, not the job)."""
     values = {
         "outcome": end.outcome,
         "detail": end.detail,
         "exit_code": str(end.exit_code),
-        "requeue": "1" if end.requeue else "0",
+        "requeue": "1" if end.requeue and not alone else "0",
+        "alone": "1" if alone else "0",
     }
     return "".join(f"{name}={shlex.quote(value)}\n" for name, value in values.items())
 
@@ -206,8 +226,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--restarts", type=int, required=True)
     parser.add_argument("--max-restarts", type=int, required=True)
     parser.add_argument("--signal", default="", help="a signal forwarded to the steps, e.g. SIGUSR1")
+    parser.add_argument(
+        "--others-running", type=int, default=0, help="1: the trainer's step ended, all others run"
+    )
+    parser.add_argument(
+        "--steps-start", type=int, help="the start the other steps were started by (default: "
+        "--restarts; earlier when the trainer was restarted alone since)",
+    )
     args = parser.parse_args(argv)
     paths = RunPaths(args.run_dir)
+    steps_start = args.restarts if args.steps_start is None else args.steps_start
     end = decide_end(
         args.trainer_exit,
         trainer_done=paths.trainer_done.exists(),
@@ -217,12 +245,18 @@ def main(argv: list[str] | None = None) -> int:
         restarts=args.restarts,
         max_restarts=args.max_restarts,
         repeated_error=repeated_start_error(paths, args.restarts),
-        component_failure=recorded_component_failure(paths, args.restarts),
+        component_failure=recorded_component_failure(paths, args.restarts)
+        or recorded_component_failure(paths, steps_start),
         disk_full=disk_full_detail(paths, args.restarts),
     )
-    requeue = "requeueing" if end.requeue else "not requeueing"
-    print(f"relax_hpc: {end.outcome}: {end.detail}; {requeue}", file=sys.stderr)
-    print(shell_assignments(end), end="")
+    alone = restarts_trainer_alone(
+        end, args.trainer_exit, others_running=bool(args.others_running), signal=args.signal
+    )
+    action = "restarting the trainer alone" if alone else (
+        "requeueing" if end.requeue else "not requeueing"
+    )
+    print(f"relax_hpc: {end.outcome}: {end.detail}; {action}", file=sys.stderr)
+    print(shell_assignments(end, alone), end="")
     return 0
 
 

@@ -2,8 +2,9 @@
 
 The script is meant to be read by the people who debug jobs with ``squeue``/``sacct``, so
 it is commented and flat: header options, environment, one ``srun`` per role, and a small
-supervisor that forwards signals, stops the other steps when one ends, and acts on how
-the start ended (``launch/outcome.py`` decides; exit codes are ``relax_hpc.exitcodes``).
+supervisor that forwards signals, starts a crashed trainer's step again alone while the
+other steps run, stops the other steps when one ends, and acts on how the start ended
+(``launch/outcome.py`` decides; exit codes are ``relax_hpc.exitcodes``).
 The text is pinned by the golden files in ``sbatch/``.
 """
 
@@ -17,11 +18,13 @@ from relax_hpc.launch.plan import JobPlan, RolePlan, shares_devices
 from relax_hpc.paths import (
     BATCH_LOG_NAME,
     CONFIG_ERROR_NAME,
+    JOB_STARTS_NAME,
     RUN_LOCK_NAME,
     RUN_OWNER_NAME,
     WATCH_LOG_NAME,
     task_log_name,
 )
+from relax_hpc.runtime import START_COUNT_VAR
 
 ADVANCE_SIGNAL = "USR1"  # Slurm's warning before the time limit: checkpoint and requeue
 STOP_WAIT_S = 60  # a step asked to stop (USR1) gets this long before it is terminated
@@ -179,6 +182,21 @@ else
   printf '{{"host": "%s", "job_id": "%s", "pid": %s, "since": %s}}\\n' \\
     "$(hostname)" "$SLURM_JOB_ID" "$$" "$(date +%s)" >"$owner.tmp.$$" && mv -f "$owner.tmp.$$" "$owner"
 fi
+# Every start of this job has a number of its own: Slurm counts the requeues, this script
+# also counts the trainer's restarts in place (below); both spend cluster.max_restarts.
+# The steps read it as {start_count_var} (task records, weight-sync attempts).
+starts_file="$RELAX_HPC_RUN_DIR/{job_starts}"
+last_job="" last_start=""
+{{ read -r last_job last_start <"$starts_file"; }} 2>/dev/null || true
+if [ "$last_job" = "$SLURM_JOB_ID" ] && [ "$last_start" -ge "$restarts" ] 2>/dev/null; then
+  restarts=$((last_start + 1))
+  echo "relax_hpc: start $((restarts + 1)) of this job, counting the trainer's restarts in place"
+fi
+record_start() {{
+  export {start_count_var}=$restarts
+  echo "$SLURM_JOB_ID $restarts" >"$starts_file.tmp.$$" && mv -f "$starts_file.tmp.$$" "$starts_file"
+}}
+record_start
 # A step that finds a configuration error records it here (any role): this start's own.
 config_error="$RELAX_HPC_RUN_DIR/{config_error}"
 rm -f "$config_error"
@@ -192,18 +210,21 @@ stop_watcher() {{
   if [ -n "$watch_pid" ]; then kill -TERM "$watch_pid" 2>/dev/null; wait "$watch_pid"; fi
   watch_pid=""
 }}
-tell() {{  # tell OUTCOME DETAIL: the end-of-start alert
+start_watcher() {{
+  {python} -m relax_hpc.observe.watch run "$RELAX_HPC_RUN_DIR" --job-id "$SLURM_JOB_ID" \\
+    --restart "$restarts" >>"$watch_log" 2>&1 &
+  watch_pid=$!
+}}
+tell() {{  # tell OUTCOME DETAIL [OPTION...]: the end-of-start alert
   timeout 60 {python} -m relax_hpc.observe.watch end "$RELAX_HPC_RUN_DIR" \\
-    --outcome "$1" --detail "$2" >>"$watch_log" 2>&1
+    --outcome "$1" --detail "$2" "${{@:3}}" >>"$watch_log" 2>&1
 }}
 end_job() {{ stop_watcher; tell "$1" "$2"; exit "$3"; }}  # end_job OUTCOME DETAIL EXIT_CODE
 if [ "$restarts" -gt {max_restarts} ]; then
   echo "relax_hpc: restarted $restarts times, more than cluster.max_restarts={max_restarts}; giving up" >&2
   end_job failed "restarted $restarts times, more than cluster.max_restarts={max_restarts}" {failed}
 fi
-{python} -m relax_hpc.observe.watch run "$RELAX_HPC_RUN_DIR" --job-id "$SLURM_JOB_ID" \\
-  --restart "$restarts" >>"$watch_log" 2>&1 &
-watch_pid=$!
+start_watcher
 
 step_pids=()
 step_roles=()
@@ -221,27 +242,59 @@ trap 'forward_signal TERM' TERM
 """
 
 _WAIT_AND_DECIDE = """\
+all_alive() {{ for pid in "${{step_pids[@]}}"; do kill -0 "$pid" 2>/dev/null || return 1; done; }}
+any_alive() {{ for pid in "${{step_pids[@]}}"; do kill -0 "$pid" 2>/dev/null && return 0; done; return 1; }}
+others_alive() {{  # every step but the trainer's runs
+  for i in "${{!step_pids[@]}}"; do
+    [ "${{step_roles[$i]}}" = trainer ] || kill -0 "${{step_pids[$i]}}" 2>/dev/null || return 1
+  done
+}}
+wait_step() {{ while kill -0 "$1" 2>/dev/null; do wait "$1" || true; done; wait "$1"; }}
+
+# How this start ends is decided by relax_hpc/launch/outcome.py (the local executor runs
+# the same function): it prints outcome, detail, exit_code, requeue and alone for this
+# shell. decide OTHERS_RUNNING (1: the trainer's step ended while every other step runs).
+decide() {{
+  wait_step "${{step_pids[{trainer}]}}"; trainer_rc=$?
+  echo "relax_hpc: trainer step exited with $trainer_rc"
+  if ! decision=$({python} -m relax_hpc.launch.outcome "$RELAX_HPC_RUN_DIR" \\
+      --trainer-exit "$trainer_rc" --restarts "$restarts" --max-restarts {max_restarts} \\
+      --signal "$got_signal" --others-running "$1" --steps-start "$steps_start"); then
+    decision="outcome=failed exit_code={failed} requeue=0 alone=0 detail='the end of this start could not be decided (python -m relax_hpc.launch.outcome failed); not requeueing'"
+  fi
+  eval "$decision"
+}}
+
+# A trainer that crashed (no signal, no stop request) while every other step runs starts
+# again alone, in this allocation, from its last complete checkpoint: the rollout steps
+# keep their processes and models and join the new trainer start's weight sync. Each is a
+# restart of its own (the same cluster.max_restarts as requeues; the end-of-start alert,
+# the trainer_restarted event, a new start in the cost ledger); once they are spent, or
+# when anything else ended, the start ends as below.
+decided=0
+while true; do
+  while all_alive; do sleep 5 & wait $! || true; done
+  if [ -n "$got_signal" ] || kill -0 "${{step_pids[{trainer}]}}" 2>/dev/null || ! others_alive; then break; fi
+  decide 1; decided=1
+  [ "$alone" = 1 ] || break
+  if [ -n "$got_signal" ]; then requeue=1; break; fi  # a stop came meanwhile: requeue instead
+  echo "relax_hpc: $detail; restart $((restarts + 1)) of {max_restarts} from the last complete checkpoint: the trainer alone (the other steps keep running)"
+  stop_watcher
+  restarts=$((restarts + 1))
+  record_start
+  rm -f "$config_error"
+  start_trainer
+  decided=0
+  # Told while the new trainer loads (a stop asked for meanwhile reaches it as usual).
+  tell "$outcome" "$detail" --trainer-alone --restart "$restarts"
+  start_watcher
+done
+
 # When one step ends, the others have nothing left to do: ask them to stop cleanly. srun
 # relays USR1 to its tasks and keeps the step (a TERM would end it within KillWait), so
 # USR1 first, and TERM only for a step still running after {stop_wait_s} s.
-all_alive() {{ for pid in "${{step_pids[@]}}"; do kill -0 "$pid" 2>/dev/null || return 1; done; }}
-any_alive() {{ for pid in "${{step_pids[@]}}"; do kill -0 "$pid" 2>/dev/null && return 0; done; return 1; }}
-wait_step() {{ while kill -0 "$1" 2>/dev/null; do wait "$1" || true; done; wait "$1"; }}
-while all_alive; do sleep 5 & wait $! || true; done
 kill -s USR1 "${{step_pids[@]}}" 2>/dev/null || true
-
-# How this start ends is decided by relax_hpc/launch/outcome.py (the local executor runs
-# the same function): it prints outcome, detail, exit_code and requeue for this shell.
-for i in "${{!step_pids[@]}}"; do
-  if [ "${{step_roles[$i]}}" = trainer ]; then wait_step "${{step_pids[$i]}}"; trainer_rc=$?; fi
-done
-echo "relax_hpc: trainer step exited with $trainer_rc"
-if ! decision=$({python} -m relax_hpc.launch.outcome "$RELAX_HPC_RUN_DIR" \\
-    --trainer-exit "$trainer_rc" --restarts "$restarts" --max-restarts {max_restarts} \\
-    --signal "$got_signal"); then
-  decision="outcome=failed exit_code={failed} requeue=0 detail='the end of this start could not be decided (python -m relax_hpc.launch.outcome failed); not requeueing'"
-fi
-eval "$decision"
+if [ "$decided" = 0 ]; then decide 0; fi
 stop_watcher
 # Told now, while the other steps stop: a preemption's grace time may end before they do.
 tell "$outcome" "$detail" &
@@ -260,7 +313,7 @@ if [ "$requeue" = 1 ]; then
   echo "relax_hpc: requeueing job ${{SLURM_JOB_ID}} (trainer exit $trainer_rc)"
   # Slurm's own preemption (PreemptMode=REQUEUE) may have requeued it already: that is fine.
   if ! scontrol requeue "$SLURM_JOB_ID" \\
-    && ! scontrol show job "$SLURM_JOB_ID" 2>/dev/null | grep -q "Restarts=$((restarts + 1))"; then
+    && ! scontrol show job "$SLURM_JOB_ID" 2>/dev/null | grep -q "Restarts=$((${{SLURM_RESTART_COUNT:-0}} + 1))"; then
     end_job failed "$detail; scontrol requeue failed" {failed}
   fi
 fi
@@ -286,14 +339,13 @@ def _body(plan: JobPlan) -> list[str]:
         lock_wait_s=plan.run_lock_wait_s,
         run_in_use=exitcodes.RUN_IN_USE,
         failed=exitcodes.FAILED,
+        job_starts=JOB_STARTS_NAME,
+        start_count_var=START_COUNT_VAR,
     )
     lines += ["", supervisor]
+    lines.append("steps_start=$restarts  # the start the steps below are started by")
     for index, role in enumerate(plan.roles):
-        lines += [
-            f"# {role.role}: {' '.join(shlex.quote(p) for p in role.command)}",
-            _srun_line(plan, index, role),
-            f'step_pids+=("$!"); step_roles+=({role.role})',
-        ]
+        lines += _step_lines(plan, index, role)
     lines += [
         "",
         _WAIT_AND_DECIDE.format(
@@ -301,6 +353,23 @@ def _body(plan: JobPlan) -> list[str]:
             max_restarts=plan.max_restarts,
             python=python,
             failed=exitcodes.FAILED,
+            trainer=[r.role for r in plan.roles].index("trainer"),
         ),
     ]
     return lines
+
+
+def _step_lines(plan: JobPlan, index: int, role: RolePlan) -> list[str]:
+    """One role's step; the trainer's as a function, started again alone after a crash."""
+    comment = f"# {role.role}: {' '.join(shlex.quote(p) for p in role.command)}"
+    record = f'step_pids[{index}]=$!; step_roles[{index}]={role.role}'
+    if role.role != "trainer":
+        return [comment, _srun_line(plan, index, role), record]
+    return [
+        comment,
+        "start_trainer() {  # again, alone, when it crashed while the other steps run (below)",
+        "  " + _srun_line(plan, index, role),
+        "  " + record,
+        "}",
+        "start_trainer",
+    ]

@@ -2,8 +2,9 @@
 
 Written by the process the event happened to (weight sync: ``weightsync_peer_dropped``,
 ``weightsync_peer_refused``, ``weightsync_verification_failed``, ``weightsync_fs_fallback``;
-a rollout task's keeper: ``component_restarted``, ``component_gave_up``); read by the run
-watcher (alerts, TensorBoard) and the status tools. Must not: import torch.
+a rollout task's keeper: ``component_restarted``, ``component_gave_up``; a launcher that
+restarts a crashed trainer alone, through ``observe.watch``: ``trainer_restarted``); read by
+the run watcher (alerts, TensorBoard) and the status tools. Must not: import torch.
 """
 
 from __future__ import annotations

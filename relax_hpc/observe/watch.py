@@ -13,7 +13,10 @@ every ``stall_after_min`` while the stall lasts.
 
 ``python -m relax_hpc.observe.watch end RUN_DIR --outcome O --detail TEXT`` is run by the
 batch script once the steps ended: ``finished`` (with a summary), ``failed`` (with the
-reason and the last log lines), ``requeued`` or ``cancelled``.
+reason and the last log lines), ``requeued`` or ``cancelled``. With ``--trainer-alone
+--restart N`` the requeue is the trainer's alone (the rollout steps keep running): also the
+``trainer_restarted`` event, a log line and the ``recovery/trainer_restarts`` scalar
+(``tell_trainer_restart``; the local executor calls the same).
 
 Reads only the run directory (trainer status, checkpoints, logs); never touches training.
 Must not: send anything from a training process, or decide how a job ends (it only tells).
@@ -22,6 +25,7 @@ Must not: send anything from a training process, or decide how a job ends (it on
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import re
 import signal
@@ -33,7 +37,7 @@ from relax_hpc.checkpoint.store import latest_checkpoint
 from relax_hpc.config import RunConfig, load_run_config
 from relax_hpc.observe.alerts import Alert, AlertState, Notifier, build_notifier
 from relax_hpc.observe.cost import CostLedger, cost_so_far, describe_cost
-from relax_hpc.observe.events import read_events
+from relax_hpc.observe.events import emit_event, read_events
 from relax_hpc.observe.stall import hung_rollout_workers, request_restart
 from relax_hpc.paths import RunPaths, read_json, tail_text
 
@@ -216,19 +220,49 @@ class RecoveryLog:
         return "recovered", what, body
 
     def _scalar(self, step: int) -> None:
-        try:
-            if self.writer is None:
-                from torch.utils.tensorboard import SummaryWriter
-
-                self.writer = SummaryWriter(str(self.paths.tensorboard_dir / "recovery"))
-            self.writer.add_scalar("recovery/restarts", self.restarts, global_step=step)
-            self.writer.flush()
-        except Exception as err:  # telling never breaks the watcher
-            log.warning("watch: no TensorBoard record of the restart: %s", err)
+        if self.writer is None:
+            self.writer = recovery_writer(self.paths)
+        add_recovery_scalar(self.writer, "recovery/restarts", self.restarts, step)
 
     def close(self) -> None:
         if self.writer is not None:
             self.writer.close()
+
+
+def recovery_writer(paths: RunPaths):
+    """TensorBoard's ``recovery`` run of this run directory; None when it cannot be opened."""
+    try:
+        from torch.utils.tensorboard import SummaryWriter
+
+        return SummaryWriter(str(paths.tensorboard_dir / "recovery"))
+    except Exception as err:  # telling never breaks the watcher
+        log.warning("watch: no TensorBoard record of recoveries: %s", err)
+        return None
+
+
+def add_recovery_scalar(writer, tag: str, value: float, step: int) -> None:
+    if writer is None:
+        return
+    try:
+        writer.add_scalar(tag, value, global_step=step)
+        writer.flush()
+    except Exception as err:  # telling never breaks the watcher
+        log.warning("watch: no TensorBoard record of %s: %s", tag, err)
+
+
+def tell_trainer_restart(paths: RunPaths, restart: int, detail: str) -> None:
+    """The trainer crashed and starts again alone (restart ``restart``), the rollout keeps
+    running: the ``trainer_restarted`` event, a log line, ``recovery/trainer_restarts``."""
+    step = _checkpoint_step(paths) or 0
+    log.warning("watch: the trainer restarts alone (restart %d) from the checkpoint of step "
+                "%d: %s", restart, step, detail)  # fmt: skip
+    with contextlib.suppress(OSError):  # an event is for the operator: never fatal here
+        emit_event(paths, "trainer_restarted", component="trainer", reason=detail,
+                   restarts=restart, resume_step=step)  # fmt: skip
+    writer = recovery_writer(paths)
+    add_recovery_scalar(writer, "recovery/trainer_restarts", restart, step)
+    if writer is not None:
+        writer.close()
 
 
 # --- end of a job attempt ----------------------------------------------------------------------
@@ -272,13 +306,17 @@ def failed_body(cfg: RunConfig, paths: RunPaths, detail: str) -> str:
     return "".join(parts) + f"Run directory: {paths.root}\n"
 
 
-def job_end_alert(cfg: RunConfig, paths: RunPaths, outcome: str, detail: str) -> Alert:
+def job_end_alert(
+    cfg: RunConfig, paths: RunPaths, outcome: str, detail: str, trainer_alone: bool = False
+) -> Alert:
     step = _checkpoint_step(paths)
     if outcome == "finished":
         return Alert(outcome, f"relax_hpc {cfg.name}: finished", finished_body(cfg, paths))
     if outcome == "failed":
         return Alert(outcome, f"relax_hpc {cfg.name}: FAILED", failed_body(cfg, paths, detail))
     body = f"{detail}\nLast complete checkpoint: step {step}.\nRun directory: {paths.root}\n"
+    if trainer_alone:
+        body = f"The trainer restarts alone; the rollout workers keep running.\n{body}"
     title = "preempted, requeued" if outcome == "requeued" else "cancelled on request"
     return Alert(outcome, f"relax_hpc {cfg.name}: {title}", body)
 
@@ -301,16 +339,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--restart", type=int, default=0)
     parser.add_argument("--outcome", choices=OUTCOMES)
     parser.add_argument("--detail", default="")
+    parser.add_argument(
+        "--trainer-alone", action="store_true", help="end: the trainer restarts alone (--restart)"
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s watch %(message)s")
     paths = RunPaths(args.run_dir)
+    if args.command == "end" and args.trainer_alone:  # told even without a loadable config
+        tell_trainer_restart(paths, args.restart, args.detail)
     cfg = load_run_config(paths.resolved_config)
     notifier = build_notifier(cfg.observe.alerts, paths)
     try:
         if args.command == "run":
             _watch(cfg, paths, notifier, args)
         else:
-            notifier.send(job_end_alert(cfg, paths, args.outcome or "failed", args.detail))
+            outcome = args.outcome or "failed"
+            notifier.send(job_end_alert(cfg, paths, outcome, args.detail, args.trainer_alone))
     except Exception as err:  # alerts never decide how a job ends
         log.warning("watch: %s: %s", type(err).__name__, err)
     notifier.close()

@@ -65,7 +65,7 @@ def test_a_judge_of_its_own_in_a_sync_allocation_gets_devices_of_its_own():
     assert plan.shape == "single" and plan.total_gpus == 8 + 4
     script = render_sbatch(plan)
     assert "#SBATCH --gpus-per-node=12" in script and "#SBATCH --ntasks-per-node=10" in script
-    steps = [line for line in script.splitlines() if line.startswith("srun ")]
+    steps = [line.strip() for line in script.splitlines() if line.strip().startswith("srun ")]
     assert len(steps) == 3 and "--exact" in steps[2] and "component judge" in steps[2]
 
 
@@ -80,7 +80,7 @@ def test_colocated_sync_is_one_allocation_with_overlapping_steps():
     script = render_sbatch(plan)
     assert "hetjob" not in "\n".join(sbatch_options(script))
     assert "#SBATCH --nodes=1" in script and "#SBATCH --gpus-per-node=8" in script
-    steps = [line for line in script.splitlines() if line.startswith("srun ")]
+    steps = [line.strip() for line in script.splitlines() if line.strip().startswith("srun ")]
     assert len(steps) == 2 and all("--overlap" in step for step in steps)
     # 8 trainer tasks x 8 CPUs cover the rollout's 32: the allocation is the larger demand.
     assert "#SBATCH --ntasks-per-node=8" in script and "#SBATCH --cpus-per-task=8" in script
@@ -97,7 +97,7 @@ def test_shared_nodes_split_the_gpus_between_exclusive_steps():
     script = render_sbatch(plan)
     assert plan.shape == "single"
     assert "#SBATCH --gpus-per-node=8" in script
-    steps = [line for line in script.splitlines() if line.startswith("srun ")]
+    steps = [line.strip() for line in script.splitlines() if line.strip().startswith("srun ")]
     assert all("--exact" in s and "--gpus-per-node=4" in s for s in steps)
 
 
