@@ -14,6 +14,8 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import TypeVar
 
+from run_checks import trained_and_published
+
 from relax_hpc.paths import RunPaths, read_json
 
 REPO = Path(__file__).resolve().parents[2]
@@ -158,20 +160,6 @@ def sigkill_trainer_then_resume(
     assert first.returncode != 0 and "trainer[0] exited with -9" in stderr
     again = overrides if resume_overrides is None else resume_overrides
     return submit(run_dir, *again, "resume=auto", experiment=experiment, timeout_s=600)
-
-
-def trained_and_published(paths: RunPaths) -> tuple[list[list[str]], list]:
-    """Sample ids trained per step, and every sample of the consumed shards."""
-    from relax_hpc.spool import read_shard
-
-    trained = read_json(paths.consumed_sample_ids)
-    samples = [
-        sample
-        for shard in (paths.spool_dir / "consumed").iterdir()
-        for group in read_shard(shard)[1]
-        for sample in group
-    ]
-    return trained, samples
 
 
 def submit_side_by_side(

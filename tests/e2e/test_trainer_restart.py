@@ -26,8 +26,10 @@ from e2e_helpers import (
     trained_and_published,
     wait_for_step,
 )
+from run_checks import rollout_pids
 
 from relax_hpc.checkpoint.store import latest_checkpoint
+from relax_hpc.observe.events import read_events
 from relax_hpc.paths import RunPaths, read_json
 from relax_hpc.spool import check_exactly_once
 
@@ -47,13 +49,6 @@ OVERRIDES = [
     "observe.audit_sample_ids=true",
     "spool.keep_consumed=true",
 ]
-
-
-def rollout_pids(run_dir) -> set[int]:
-    """The rollout task's keeper and its worker."""
-    pattern = f"relax_hpc.component rollout --run-dir {run_dir}"
-    found = subprocess.run(["pgrep", "-f", pattern], capture_output=True, text=True, timeout=30)
-    return {int(pid) for pid in found.stdout.split()}
 
 
 def wait_for_new_trainer_step(paths: RunPaths, killed_at: float, run) -> bool:
@@ -119,3 +114,5 @@ def test_a_sigkilled_trainer_restarts_alone_and_the_rollout_keeps_its_processes(
     counters = read_json(paths.spool_dir / "reader.json")["counters"]
     assert counters.get("num_lost_groups", 0) == counters.get("num_stale_groups", 0) == 0
     assert len(read_json(paths.cost_ledger)["attempts"]) == 2
+    events = [record for _, record in read_events(paths, "trainer_restarted")]
+    assert [event["restarts"] for event in events] == [1], events
