@@ -31,6 +31,22 @@ Redos come first: a group the trainer dropped as stale is asked for again in
 least as new as the trainer's when it dropped the group, publishes it under the redo's own
 sample ids and marks it ``<key>.done``.
 
+Durability: a claim's content is fsynced before its name exists (a claim that names no
+holder would never expire), and a floor's too; nothing else here is fsynced (2 fsyncs
+per chunk, down from 8), because exactly-once does not rest on the markers' durability:
+
+* nothing is trained twice whatever the markers say: the trainer's ledger keeps every
+  delivered sample id in its checkpoint and drops a republished one as a duplicate;
+* nothing is skipped: a chunk's shard is durable in the spool (fsynced, renamed into
+  ``ready/``, ``ready/`` fsynced) before its done marker is created, and a floor is
+  created only once every done marker below it exists; so any done marker or floor that
+  exists, before or after a crash, seen from any node, stands for durable shards.
+
+A node crash can only *lose* markers: a lost done marker or floor makes finished chunks
+look open (generated again, dropped as duplicates), a lost claim frees its chunk (claimed
+again). That costs repeated work, bounded by what the crashed node's page cache held;
+NFS and Lustre make link, rename and unlink durable on the server before they return.
+
 The data position is this folder, not a worker's progress: it lives on the shared run
 directory beside the spool and survives any worker's crash. Must not: read shards or
 know about engines.
@@ -148,7 +164,7 @@ class GroupAssignment:
             return
         folder = self._batch_dir(chunk.batch)
         try:
-            atomic_write_json(folder / f"{chunk.name}.done", self._stamp())
+            atomic_write_json(folder / f"{chunk.name}.done", self._stamp(), durable=False)
         except FileNotFoundError:
             return
         (folder / f"{chunk.name}.claim").unlink(missing_ok=True)
@@ -188,7 +204,7 @@ class GroupAssignment:
 
     def _complete_redo(self, chunk: Chunk) -> None:
         assert self.redo_dir is not None
-        atomic_write_json(self.redo_dir / f"{chunk.name}.done", self._stamp())
+        atomic_write_json(self.redo_dir / f"{chunk.name}.done", self._stamp(), durable=False)
         self._claim_path(chunk).unlink(missing_ok=True)
 
     def _claim_path(self, chunk: Chunk) -> Path:
@@ -247,7 +263,7 @@ class GroupAssignment:
             return False  # done and collected meanwhile
         try:
             claim.parent.mkdir(parents=True, exist_ok=True)
-            won = exclusive_create_json(claim, self._stamp())
+            won = exclusive_create_json(claim, self._stamp(), durable=False)
         except FileNotFoundError:
             return False  # the folder was collected under a new floor
         if won and (collected() or done.exists()):
@@ -262,7 +278,8 @@ class GroupAssignment:
     def _raise_floor(self) -> None:
         floor = self.floor()
         while self._batch_done(floor):
-            if not exclusive_create_json(self.root / "floor" / f"{floor + 1:08d}", {}):
+            raised = exclusive_create_json(self.root / "floor" / f"{floor + 1:08d}", {}, durable=False)
+            if not raised:
                 return  # another worker raised it and collects
             shutil.rmtree(self._batch_dir(floor), ignore_errors=True)
             (self.root / "floor" / f"{floor:08d}").unlink(missing_ok=True)

@@ -149,6 +149,8 @@ class RolloutWorker:
         if groups:
             self.writer.publish(groups)
             self.shard_bytes = self.writer.last_num_bytes
+        # Published (durable) before done: the order exactly-once rests on, because the
+        # done marker itself is not fsynced (rollout/assignment.py's docstring).
         self.assignment.complete(chunk)
         if not chunk.is_redo:
             self.batch_index = chunk.batch + 1  # batches this worker has reached, for the log
