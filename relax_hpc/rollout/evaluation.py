@@ -61,10 +61,8 @@ def make_evaluator(
         history.append(
             {"policy_version": policy_version, "accuracy": accuracy, "time": time.time()}
         )
-        if metrics.writer is not None:
-            for name, value in results.items():
-                metrics.writer.add_scalar(name, value, global_step=policy_version)
-            metrics.writer.flush()
+        metrics.add_scalars(policy_version, results)
+        metrics.flush()
         atomic_write_json(paths.eval_history, {"history": history})
         log.info("eval: policy_version %d held-out greedy accuracy %.3f", policy_version, accuracy)
         return results
