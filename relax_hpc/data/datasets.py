@@ -1,7 +1,7 @@
 """Prompt datasets: local JSONL/Parquet files or the synthetic task, as ``PromptRecord``s.
 
-``guess_number`` rows are games of the number-guessing environment (``data.tasks``);
-``media_task`` rows are the ``shapes``/``pitch`` tasks of ``data.media_tasks``.
+The built-in tasks' rows (``synthetic_addition``, ``guess_number``, ``media_task``) come from
+the task ``data.kind`` names (``tasks.registry.data_task``: e.g. ``tasks.addition``).
 A row holds a prompt and a reference answer under ``data.prompt_key`` / ``data.answer_key``
 (dotted keys reach into nested columns, e.g. ``reward_model.ground_truth``), as the row's
 published schema (``data.schema``, ``relax_hpc.data.schemas``) lays them out. The prompt is
@@ -33,13 +33,10 @@ from transformers.tokenization_utils_base import PreTrainedTokenizerBase
 
 from relax_hpc.config.schema import DataConfig
 from relax_hpc.data.media_prompts import MediaPrompts, media_settings
-from relax_hpc.data.media_tasks import MediaTask
 from relax_hpc.data.schemas import SCHEMAS
-from relax_hpc.data.tasks import AdditionTask, GuessNumberTask
 from relax_hpc.media.payload import MediaPayload
 from relax_hpc.media.processor import MediaProcessor
-
-GUESS_TRAIN_GAMES = 100_000  # guess_number: games of the train split (drawn lazily)
+from relax_hpc.tasks.registry import data_task
 
 SPLITS = ("train", "eval")
 FILE_KINDS = ("jsonl", "parquet")
@@ -190,17 +187,9 @@ def _split_path(data_cfg: DataConfig, split: str) -> str | None:
 
 
 def _rows(data_cfg: DataConfig, split: str, split_seed: int) -> Sequence[Mapping[str, Any]]:
-    if data_cfg.kind == "synthetic_addition":
-        task = AdditionTask(data_cfg.digits, data_cfg.eval_size, split_seed)
-        return task.train if split == "train" else task.eval
-    if data_cfg.kind == "guess_number":
-        low, high = data_cfg.guess_range
-        if split == "train":
-            return GuessNumberTask(GUESS_TRAIN_GAMES, low, high, split_seed)
-        return GuessNumberTask(data_cfg.eval_size, low, high, split_seed + 1)
-    if data_cfg.kind == "media_task":
-        task = MediaTask(data_cfg.media_task, data_cfg.eval_size, split_seed)
-        return task.train if split == "train" else task.eval
+    task = data_task(data_cfg)
+    if task is not None and task.rows is not None:
+        return task.rows(data_cfg, split, split_seed)
     path = _split_path(data_cfg, split)
     field_name = "data.path" if split == "train" else "data.eval_path"
     if path is None:

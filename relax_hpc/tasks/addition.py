@@ -1,5 +1,6 @@
 """The synthetic addition task (``data.kind: synthetic_addition``, reward ``exact_match``):
-the policy's warm start of grpo_tiny, a weak but not hopeless base for RL.
+its rows (``data.tasks.AdditionTask``: ``"37+48="`` -> ``"58"``) and the policy's warm
+start of grpo_tiny, a weak but not hopeless base for RL.
 
 A model built from ``model.arch`` is trained to convergence on the *sloppy teacher* of the
 synthetic addition task (``data.tasks.sloppy_answer``: each carry forgotten with probability
@@ -20,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import random
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -139,9 +141,16 @@ def sample_operands(
     return [task.operands(task.train_pair_index(i)) for i in indices]
 
 
+def addition_rows(data_cfg: DataConfig, split: str, split_seed: int) -> Sequence[Mapping[str, Any]]:
+    """The ``split`` of ``data.digits``-digit additions (``data.eval_size`` held out)."""
+    task = AdditionTask(data_cfg.digits, data_cfg.eval_size, split_seed)
+    return task.train if split == "train" else task.eval
+
+
 TASK = Task(
     name="addition",
     data_kind="synthetic_addition",
     warm_start=warm_start,
     reward="exact_match",
+    rows=addition_rows,
 )

@@ -1,6 +1,7 @@
 """The guess-number task (``data.kind: guess_number``, ``rollout.environment:
-guess_number``): grpo_tiny_guess's policy warm start, a model trained from scratch on games
-played by a sloppy guesser that follows the higher/lower replies only sometimes.
+guess_number``, which scores each game): its rows (``data.tasks.GuessNumberTask``: one game
+each) and grpo_tiny_guess's policy warm start, a model trained from scratch on games played
+by a sloppy guesser that follows the higher/lower replies only sometimes.
 
 Each game is an episode laid out the way the episode driver writes it (the model's turns
 carry the loss, the replies rendered by the chat template carry none), cached under
@@ -13,14 +14,17 @@ from __future__ import annotations
 
 import dataclasses
 import random
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 from transformers import PreTrainedModel
 from transformers.tokenization_utils_base import PreTrainedTokenizerBase
 
 from relax_hpc.config.schema import DataConfig, ModelConfig
+from relax_hpc.data.tasks import GuessNumberTask
 from relax_hpc.models.build import build_causal_lm, build_tokenizer
 from relax_hpc.models.chat_format import ChatFormat
 from relax_hpc.tasks.base import Task
@@ -127,9 +131,21 @@ def guess_demonstration(
     return ids, labels
 
 
+GUESS_TRAIN_GAMES = 100_000  # games of the train split (drawn lazily)
+
+
+def guess_rows(data_cfg: DataConfig, split: str, split_seed: int) -> Sequence[Mapping[str, Any]]:
+    """Games with secrets in ``data.guess_range``: the eval split from ``split_seed + 1``."""
+    low, high = data_cfg.guess_range
+    if split == "train":
+        return GuessNumberTask(GUESS_TRAIN_GAMES, low, high, split_seed)
+    return GuessNumberTask(data_cfg.eval_size, low, high, split_seed + 1)
+
+
 TASK = Task(
     name="guess_number",
     data_kind="guess_number",
     warm_start=guess_warm_start,
     environment="guess_number",  # which also scores each game
+    rows=guess_rows,
 )

@@ -1,5 +1,6 @@
 """The media tasks ``shapes`` (count shapes in an image) and ``pitch`` (which tone a clip
-plays), ``data.kind: media_task``, reward ``exact_match``: the cached supervised warm start
+plays), ``data.kind: media_task``, reward ``exact_match``: their rows
+(``data.media_tasks.MediaTask``) and the cached supervised warm start
 of the tiny VL/Omni models, a weak but not hopeless base for RL (``tasks.addition`` is its
 text twin; both use ``tasks.warm_start``'s loop and atomic publishing).
 
@@ -37,7 +38,7 @@ from relax_hpc.media.inputs import collate_media
 from relax_hpc.media.processor import MediaProcessor
 from relax_hpc.models.media_policy import media_family
 from relax_hpc.models.multimodal import build_tiny_media_model, tiny_arch, tiny_processor
-from relax_hpc.tasks.base import Task, WarmStart
+from relax_hpc.tasks.base import Rows, Task, WarmStart
 from relax_hpc.tasks.warm_start import cached_training, fit_supervised
 
 log = logging.getLogger(__name__)
@@ -182,15 +183,27 @@ def policy_warm_start(task_name: str) -> WarmStart:
     return warm_start
 
 
+def media_rows(task_name: str) -> Rows:
+    """The rows of ``task_name`` (``data.eval_size`` held out)."""
+
+    def rows(data_cfg: DataConfig, split: str, split_seed: int) -> Sequence[Mapping[str, Any]]:
+        task = MediaTask(task_name, data_cfg.eval_size, split_seed)
+        return task.train if split == "train" else task.eval
+
+    return rows
+
+
 SHAPES = Task(
     name="shapes",
     data_kind="media_task",
     warm_start=policy_warm_start("shapes"),
     reward="exact_match",
+    rows=media_rows("shapes"),
 )
 PITCH = Task(
     name="pitch",
     data_kind="media_task",
     warm_start=policy_warm_start("pitch"),
     reward="exact_match",
+    rows=media_rows("pitch"),
 )

@@ -1,7 +1,8 @@
 """The built-in tasks by name, and which one a run's policy warm-starts on.
 
 ``TASKS`` is a ``plugins.Registry`` like every plug-in kind's: a name -> the ``Task`` object
-of its module (``package.module:TASK``), imported only when asked for. A config names a
+of its module (``package.module:TASK``), imported only when asked for. ``data.kind`` names the
+task whose prompts a run trains on (``data_task``). A config names a
 task where a model is warm-started: ``judge.warm_start`` and
 ``rewards.reward_models.<name>.warm_start`` name one directly; a policy's
 (``model.warm_start: true``) follows from its modality, the run's environment and its data
@@ -60,6 +61,16 @@ def policy_task_name(model_cfg: ModelConfig, data_cfg: DataConfig, environment: 
     if environment in ENVIRONMENT_TASKS:
         return ENVIRONMENT_TASKS[environment]
     return DATA_TASKS.get(data_cfg.kind, DEFAULT_POLICY_TASK)
+
+
+def data_task(data_cfg: DataConfig) -> Task | None:
+    """The task whose prompts ``data.kind`` names (``media_task``: ``data.media_task``), or
+    None for the kinds read from files (jsonl, parquet)."""
+    if data_cfg.kind == "media_task":
+        return task(data_cfg.media_task, "data.media_task")
+    if data_cfg.kind in DATA_TASKS:
+        return task(DATA_TASKS[data_cfg.kind], "data.kind")
+    return None
 
 
 def policy_task(model_cfg: ModelConfig, data_cfg: DataConfig, environment: str | None) -> Task:

@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -26,12 +25,6 @@ from relax_hpc.paths import RunPaths
 from relax_hpc.trainer.backend import HFNetworks
 
 
-def cache_dir() -> Path:
-    from relax_hpc.tasks.warm_start import default_cache_dir
-
-    return default_cache_dir()
-
-
 def initial_model_config(cfg: RunConfig) -> ModelConfig:
     """The policy's starting point: the configured model, or the cached warm start of the
     run's task (``tasks.registry.policy_task``)."""
@@ -41,7 +34,7 @@ def initial_model_config(cfg: RunConfig) -> ModelConfig:
     from relax_hpc.tasks.warm_start import warm_started_model_config
 
     with warm_start_progress(cfg):
-        folder = policy_warm_start(cfg.model, cfg.data, cfg.rollout.environment, cache_dir())
+        folder = policy_warm_start(cfg.model, cfg.data, cfg.rollout.environment)
     return warm_started_model_config(cfg.model, folder)
 
 
@@ -92,7 +85,7 @@ def media_networks(
     folder = None
     if cfg.model.warm_start and cfg.model.path is None:
         with warm_start_progress(cfg):
-            folder = policy_warm_start(cfg.model, cfg.data, cfg.rollout.environment, cache_dir())
+            folder = policy_warm_start(cfg.model, cfg.data, cfg.rollout.environment)
     policy, processor = build_media_policy(
         cfg.model, dtype, seed=cfg.seed, warm_start_folder=folder
     )

@@ -53,12 +53,16 @@ def test_tasks_never_import_the_roles_process_code():
         assert not roles, f"{path} imports {roles}"
 
 
-def test_models_and_data_never_import_the_tasks():
-    """Tasks are built on models and data; a model builder that reached back into a task
-    (as the media policy's did) would hide which task a run warm-starts on."""
-    for path in modules_under("models") + modules_under("data"):
+def test_models_never_import_the_tasks_and_data_only_their_registry():
+    """Tasks are built on models and data's generators; a model builder that reached back
+    into a task (as the media policy's did) would hide which task a run warm-starts on. The
+    dataset asks the registry for the task ``data.kind`` names, nothing more."""
+    for path in modules_under("models"):
         named = {n for n in imported_modules(path) if _within(n, "relax_hpc.tasks")}
         assert not named, f"{path} imports {named}"
+    for path in modules_under("data"):
+        named = {n for n in imported_modules(path) if _within(n, "relax_hpc.tasks")}
+        assert named <= {"relax_hpc.tasks.registry"}, f"{path} imports {named}"
 
 
 def test_the_roles_reach_a_task_only_through_its_registry():

@@ -9,7 +9,14 @@ from relax_hpc.config.rewards import RM_WARM_STARTS
 from relax_hpc.config.schema import JUDGE_WARM_STARTS, MEDIA_TASKS, DataConfig, ModelConfig
 from relax_hpc.plugins import PluginError
 from relax_hpc.tasks.base import Task
-from relax_hpc.tasks.registry import DATA_TASKS, ENVIRONMENT_TASKS, TASKS, policy_task, task
+from relax_hpc.tasks.registry import (
+    DATA_TASKS,
+    ENVIRONMENT_TASKS,
+    TASKS,
+    data_task,
+    policy_task,
+    task,
+)
 
 # A user's task: this module's own object, as a config would name it.
 MY_TASK = Task(name="mine", data_kind="jsonl", warm_start=lambda model, data, cache: cache)
@@ -54,6 +61,17 @@ def test_a_media_policy_gets_its_media_task_whatever_its_data():
         assert policy_task(VL, media, None).name == name
         assert task(name).data_kind == "media_task"
     assert policy_task(VL, DataConfig(kind="jsonl"), None).name == "shapes"  # the default
+
+
+def test_data_kind_names_the_task_that_poses_its_rows():
+    assert data_task(DataConfig(kind="synthetic_addition")).name == "addition"
+    assert data_task(DataConfig(kind="guess_number")).name == "guess_number"
+    assert data_task(DataConfig(kind="media_task", media_task="pitch")).name == "pitch"
+    assert data_task(DataConfig(kind="jsonl", path="rows.jsonl")) is None
+    posing = {name for name in TASKS.names() if task(name).rows is not None}
+    assert posing == {"addition", "guess_number", *MEDIA_TASKS}  # the others pose addition's
+    rows = task("addition").rows(DataConfig(digits=1, eval_size=10), "eval", 0)
+    assert len(rows) == 10 and rows[0]["prompt"].endswith("=")
 
 
 def test_a_users_task_loads_and_a_wrong_name_is_refused():
