@@ -2,8 +2,9 @@
 
 Job and component states (Slurm, via sacct), starts and restarts, device-hours so far,
 trainer step and policy version, spool backlog, last metrics, last complete checkpoint,
-held-out accuracy. Reads only the
-run directory and Slurm's accounting; never touches the run.
+held-out accuracy, and the recoveries (``observe/recoveries.py``: restarts in place, weight
+sync's dropped engines, pending restart requests). Reads only the run directory and
+Slurm's accounting; never touches the run.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from pathlib import Path
 from relax_hpc import exitcodes
 from relax_hpc.checkpoint.store import latest_checkpoint
 from relax_hpc.observe.cost import CostLedger, cost_so_far, describe_cost
+from relax_hpc.observe.recoveries import run_recovery_lines
 from relax_hpc.paths import RunPaths, read_json
 from relax_hpc.spool import backlog
 
@@ -134,6 +136,7 @@ def status_lines(run_dir: Path) -> list[str]:
         f"run: {paths.root}",
         *job_lines(paths),
         *attempt_lines(paths),
+        *run_recovery_lines(paths),
         *trainer_lines(paths),
         *reward_lines(paths),
         *other_lines(paths),

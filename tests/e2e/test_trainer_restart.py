@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import sys
 import time
 
 import pytest
@@ -116,3 +117,22 @@ def test_a_sigkilled_trainer_restarts_alone_and_the_rollout_keeps_its_processes(
     assert len(read_json(paths.cost_ledger)["attempts"]) == 2
     events = [record for _, record in read_events(paths, "trainer_restarted")]
     assert [event["restarts"] for event in events] == [1], events
+    assert_status_lists_the_restart(run_dir, resumed_step)
+
+
+def assert_status_lists_the_restart(run_dir, resumed_step: int) -> None:
+    """An operator's ``python -m relax_hpc.status`` names the recovery and its cause."""
+    shown = subprocess.run(
+        [sys.executable, "-m", "relax_hpc.status", str(run_dir)],
+        cwd=REPO,
+        env=submit_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert shown.returncode == 0, shown.stderr
+    lines = shown.stdout.splitlines()
+    (count,) = [line for line in lines if line.startswith("recoveries: ")]
+    assert "trainer_restarted 1" in count, shown.stdout
+    restarted = f"trainer restarted alone (restart 1) from the checkpoint of step {resumed_step}: "
+    assert any(restarted in line and "exited with -9" in line for line in lines), shown.stdout
