@@ -142,64 +142,11 @@ def webhook_sink():
     sink.stop()
 
 
-TRANSFORMERS5_ROPE_THETA = 1_000_000.0  # Qwen3's; 4.x's default (10000) must not win
-
-
-def write_transformers5_folder(folder):
-    """A tiny Qwen3 model folder laid out as transformers 5 saves it, built offline.
-
-    transformers 5 cannot be installed beside the pinned 4.x, so the folder is saved with
-    4.x and the fields that 5 writes differently are rewritten as 5 writes them (its
-    ``tokenization_utils_base.save_pretrained`` and ``Qwen3Config``):
-    - tokenizer_config.json: ``"tokenizer_class": "TokenizersBackend"`` (v5's generic fast
-      tokenizer class); no ``added_tokens_decoder`` and no ``additional_special_tokens``
-      (v5 drops both for TokenizersBackend tokenizers); ``extra_special_tokens`` as a list;
-      no special_tokens_map.json; the chat template only in chat_template.jinja;
-    - config.json: ``rope_parameters: {rope_type, rope_theta}`` in place of ``rope_theta``
-      and ``rope_scaling``; ``dtype`` (not ``torch_dtype``); ``transformers_version`` 5.
-    Returns the model as saved, for comparisons.
-    """
-    import json
-
-    import transformers
-    from tiny_models import tiny_qwen3_arch
-
-    from relax_hpc.models.tokenizer import build_char_tokenizer
-
-    tokenizer = build_char_tokenizer()
-    tokenizer.add_special_tokens({"additional_special_tokens": ["<|im_end|>"]})
-    config = transformers.Qwen3Config(
-        **tiny_qwen3_arch(max_position_embeddings=256),
-        rope_theta=TRANSFORMERS5_ROPE_THETA,
-        vocab_size=len(tokenizer),
-        pad_token_id=tokenizer.pad_token_id,
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-    )
-    torch.manual_seed(0)
-    model = transformers.Qwen3ForCausalLM(config).eval()
-    model.save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
-
-    settings_path = folder / "tokenizer_config.json"
-    settings = json.loads(settings_path.read_text())
-    settings["tokenizer_class"] = "TokenizersBackend"
-    settings["extra_special_tokens"] = settings.pop("additional_special_tokens")
-    settings.pop("added_tokens_decoder")
-    settings.pop("chat_template", None)
-    assert (folder / "chat_template.jinja").is_file()
-    settings_path.write_text(json.dumps(settings, indent=2, sort_keys=True))
-    (folder / "special_tokens_map.json").unlink()
-
-    config_path = folder / "config.json"
-    written = json.loads(config_path.read_text())
-    rope_theta = written.pop("rope_theta")
-    written.pop("rope_scaling")
-    written["rope_parameters"] = {"rope_type": "default", "rope_theta": rope_theta}
-    written["transformers_version"] = "5.0.0"
-    assert "dtype" in written and "torch_dtype" not in written
-    config_path.write_text(json.dumps(written, indent=2, sort_keys=True))
-    return model, tokenizer
+@pytest.fixture
+def its_run(request, result_of):
+    """(run_dir, result) of this test's run, from its module's ``result_of`` fixture
+    (``e2e_helpers.runs_of_selected_tests``)."""
+    return result_of(request.node.originalname)
 
 
 @pytest.fixture
@@ -219,6 +166,8 @@ def transformers5_folder(tmp_path_factory):
     """(folder, model as saved, tokenizer as saved) of ``write_transformers5_folder``."""
     folder = tmp_path_factory.mktemp("transformers5") / "tiny-qwen3"
     folder.mkdir()
+    from tiny_models import write_transformers5_folder
+
     model, tokenizer = write_transformers5_folder(folder)
     return folder, model, tokenizer
 

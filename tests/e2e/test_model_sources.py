@@ -16,8 +16,8 @@ from __future__ import annotations
 import functools
 
 import pytest
-from conftest import write_transformers5_folder
 from e2e_helpers import failure_report, selected_params, submit, two_at_a_time
+from tiny_models import write_transformers5_folder
 
 from relax_hpc.config.compose import compose_run_config
 from relax_hpc.models.build import build_causal_lm, build_tokenizer
