@@ -33,8 +33,12 @@ def read_events(paths: RunPaths, prefix: str = "") -> list[tuple[str, dict]]:
     found = []
     for path in sorted(paths.events_dir.glob("*.json")):
         kind = path.name.split("-", 2)[1] if path.name.count("-") >= 2 else ""
-        if kind.startswith(prefix):
+        if not kind.startswith(prefix):
+            continue
+        try:
             record = read_json(path, default=None)
-            if isinstance(record, dict):
-                found.append((path.name, record))
+        except OSError:  # a folder or an unreadable file among the events: not an event
+            continue
+        if isinstance(record, dict):
+            found.append((path.name, record))
     return found

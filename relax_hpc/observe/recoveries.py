@@ -42,10 +42,10 @@ def pending_restart_requests(paths: RunPaths) -> list[dict]:
     requests = []
     folder = paths.restart_request("_").parent
     for path in sorted(folder.glob("*")) if folder.is_dir() else []:
-        record = read_json(path, default=None)
         try:
+            record = read_json(path, default=None)
             mtime = path.stat().st_mtime
-        except OSError:  # removed by its keeper since the listing
+        except OSError:  # removed by its keeper since the listing, or not a file
             continue
         if isinstance(record, dict):
             requests.append({**record, "worker": path.name, "time_unix": mtime})

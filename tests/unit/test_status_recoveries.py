@@ -83,7 +83,7 @@ def test_only_the_last_ten_are_listed_and_the_count_is_of_all(paths):
     assert "(3 of 3" in lines[1] and "(12 of 3" in lines[-1]
 
 
-def test_a_corrupt_or_half_written_event_file_is_skipped(paths):
+def test_a_corrupt_or_half_written_event_file_or_a_folder_is_skipped(paths):
     keeper_event(paths, "component_restarted", 1, backoff_s=1.0)
     paths.events_dir.joinpath(f"{time.time_ns()}-component_restarted-1-ab.json").write_text(
         '{"event": "component_restarted", "compo'
@@ -92,6 +92,7 @@ def test_a_corrupt_or_half_written_event_file_is_skipped(paths):
         b"\xff\xfe not json"
     )
     paths.events_dir.joinpath(f"{time.time_ns()}-trainer_restarted-1-ef.json").write_text("[1]")
+    paths.events_dir.joinpath(f"{time.time_ns()}-trainer_restarted-1-gh.json").mkdir()
     emit_event(paths, "trainer_restarted")  # a record without its fields: shown with ?
     lines = recovery_section(paths)
     assert lines[0] == ("recoveries: 2 (component_restarted 1, trainer_restarted 1); the last 2:")
