@@ -290,10 +290,10 @@ def sigkilled_media_run(
     return sigkill_trainer_then_resume(run_dir, overrides, experiment=experiment)
 
 
-def check_sigkilled_media_run(run_dir: Path, second: subprocess.CompletedProcess, media: str):
-    """The run of ``sigkilled_media_run`` (``media``: ``images`` or ``audio``) resumed from
-    the checkpoint of step 3, and every sample of the consumed shards is trained once, each
-    with its ``media``."""
+def check_resumed_at_step_3_and_trained_once(run_dir: Path, second: subprocess.CompletedProcess):
+    """A 6-step run whose trainer was SIGKILLed after the checkpoint of step 3 (``second``:
+    the resumed submit) resumed from that checkpoint, and every sample of the consumed shards
+    was trained once: (trained ids per step, published samples)."""
     from relax_hpc.spool import check_exactly_once
 
     paths = RunPaths(run_dir)
@@ -304,6 +304,15 @@ def check_sigkilled_media_run(run_dir: Path, second: subprocess.CompletedProcess
     assert len(trained) == 6
     published = {s.sample_id for s in samples}
     assert not check_exactly_once(published | {s for step in trained for s in step}, trained)
+    return trained, samples
+
+
+def check_sigkilled_media_run(run_dir: Path, second: subprocess.CompletedProcess, media: str):
+    """The run of ``sigkilled_media_run`` (``media``: ``images`` or ``audio``) resumed from
+    the checkpoint of step 3, and every sample of the consumed shards is trained once, each
+    with its ``media``."""
+    trained, samples = check_resumed_at_step_3_and_trained_once(run_dir, second)
+    published = {s.sample_id for s in samples}
     trained_ids = {s for step in trained for s in step}
     with_media = {s.sample_id for s in samples if s.media is not None and getattr(s.media, media)}
     assert trained_ids <= published and trained_ids <= with_media

@@ -11,11 +11,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from e2e_helpers import failure_report, sigkill_trainer_then_resume, trained_and_published
+from e2e_helpers import check_resumed_at_step_3_and_trained_once, sigkill_trainer_then_resume
 from transformers import AutoModelForCausalLM
 
 from relax_hpc.paths import RunPaths, read_json
-from relax_hpc.spool import check_exactly_once
 
 MEGATRON = [
     "trainer.backend=megatron",
@@ -35,13 +34,7 @@ MEGATRON = [
 def test_a_sigkilled_megatron_trainer_resumes_and_exports(tmp_path):
     run_dir, paths = tmp_path / "run", RunPaths(tmp_path / "run")
     second = sigkill_trainer_then_resume(run_dir, MEGATRON, resume_overrides=[])
-    assert second.returncode == 0, failure_report(second, run_dir)
-    log = paths.task_log("trainer", 0).read_text()
-    assert "resumed from" in log and "step 3)" in log and "step 6/6" in log
-    trained, samples = trained_and_published(paths)
-    assert len(trained) == 6
-    published = {sample.sample_id for sample in samples}
-    assert not check_exactly_once(published | {s for step in trained for s in step}, trained)
+    check_resumed_at_step_3_and_trained_once(run_dir, second)
 
     export = read_json(paths.trainer_done)["export_dir"]
     model = AutoModelForCausalLM.from_pretrained(export, local_files_only=True)
