@@ -26,7 +26,7 @@ from relax_hpc.paths import RunPaths, atomic_write_json
 from relax_hpc.runtime import TaskIdentity
 from relax_hpc.spool import SpoolReader
 from relax_hpc.trainer.backend import TrainerBackend, make_backend
-from relax_hpc.trainer.group import init_trainer_group
+from relax_hpc.trainer.group import init_trainer_group, leave_group_and_exit
 from relax_hpc.trainer.loop import (
     LoopSettings,
     Trainer,
@@ -64,6 +64,13 @@ def run_trainer(cfg: RunConfig, paths: RunPaths, identity: TaskIdentity) -> int:
     init_trainer_group(
         paths, identity, "nccl" if device.type == "cuda" else "gloo", cfg.weightsync.timeout_s * 5
     )
+    exit_code = _train(cfg, paths, identity, device)
+    if identity.world_size > 1:  # only after a normal return: a crash leaves by its traceback
+        leave_group_and_exit(exit_code)
+    return exit_code
+
+
+def _train(cfg: RunConfig, paths: RunPaths, identity: TaskIdentity, device: torch.device) -> int:
     stop = StopFlag(cancel_request=paths.cancel_request).install()
     leader = identity.rank == 0
     if leader:

@@ -24,6 +24,7 @@ from relax_hpc.config.schema import TrainerConfig
 from relax_hpc.models.media_policy import build_media_policy
 from relax_hpc.trainer.backend import HFNetworks, make_backend
 from relax_hpc.trainer.batch import collate
+from relax_hpc.trainer.group import leave_group_and_exit
 from relax_hpc.trainer.torch_backend import decoder_layers
 from relax_hpc.trainer.update import prepare_step, update_policy
 
@@ -59,7 +60,7 @@ def rank_main(rank: int, port: int, results) -> None:
     weights, units = one_step(rank, WORLD_SIZE)
     if rank == 0:
         results["weights"], results["units"] = weights, units
-    dist.destroy_process_group()
+    leave_group_and_exit(0)  # as the trainer leaves (trainer/group.py)
 
 
 def test_two_fsdp2_ranks_train_a_vl_policy_as_one_process_does():
@@ -110,7 +111,7 @@ def uneven_rank_main(rank: int, port: int, results) -> None:
     weights = backend.policy_weights()
     if rank == 0:
         results["weights"] = {k: v.clone() for k, v in weights.items()}
-    dist.destroy_process_group()
+    leave_group_and_exit(0)  # as the trainer leaves (trainer/group.py)
 
 
 def text_rows(batch, processor):
