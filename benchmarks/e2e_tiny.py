@@ -38,6 +38,8 @@ def submit_command(mode: str, steps: int, root: Path, overrides: Sequence[str] =
     """The ``relax_hpc.submit`` command of grpo_tiny in ``mode`` for ``steps`` steps under
     ``root/mode`` (plus Hydra ``overrides``)."""
     staleness = "1" if mode == "async" else "0"
+    # async: the trainer sends each version while it trains on (trainer/publish.py)
+    background = "true" if mode == "async" else "false"
     return [
         sys.executable,
         "-m",
@@ -47,6 +49,7 @@ def submit_command(mode: str, steps: int, root: Path, overrides: Sequence[str] =
         f"run_dir={root / mode}",
         f"mode={mode}",
         f"max_staleness={staleness}",
+        f"weightsync.background_send={background}",
         f"trainer.total_steps={steps}",
         "trainer.checkpoint_interval_steps=1000",
         *overrides,

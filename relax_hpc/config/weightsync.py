@@ -38,6 +38,10 @@ class WeightSyncConfig:
     advertise_host: address engines use to reach the trainer ("" = this host's FQDN).
     port: TCP port of the trainer's rendezvous store (0 = any free port).
     poll_s: sleep between checks of a condition (store keys, files).
+    background_send: the trainer sends each version from a thread while it reads the next
+        batch and trains (``trainer/publish.py``), instead of between two steps: an async
+        run overlaps the round with training. Costs a host copy of the weights; needs
+        mode=async and transport=buckets.
     transport: ``buckets`` (``WeightSender``/``WeightReceiver``: packed buckets, checksummed
         on the receiver) or ``sglang_distributed`` (``per_tensor``: one broadcast per tensor
         straight into SGLang's tensor-parallel workers; rollout.backend must be sglang).
@@ -58,6 +62,7 @@ class WeightSyncConfig:
     port: int = 0
     poll_s: float = 0.02
     transport: str = "buckets"
+    background_send: bool = False
 
     def validate(self) -> WeightSyncConfig:
         """Raise ``ValueError`` naming the first bad field as ``weightsync.<field>``."""

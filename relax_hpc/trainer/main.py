@@ -34,6 +34,7 @@ from relax_hpc.trainer.loop import (
     torch_broadcast_groups,
 )
 from relax_hpc.trainer.networks import hf_networks
+from relax_hpc.trainer.publish import BackgroundPublisher
 from relax_hpc.weightsync import make_weight_sender
 
 log = logging.getLogger(__name__)
@@ -94,16 +95,25 @@ def _train(cfg: RunConfig, paths: RunPaths, identity: TaskIdentity, device: torc
         paths.trainer_status if leader else None,
     )
 
-    def publish_weights(policy_version: int, only: list[str] | None = None) -> dict[str, float]:
-        weights = backend.policy_weights()  # collective
-        if sender is None:
-            return {}
+    def sync(weights, policy_version: int, only: list[str] | None) -> dict[str, float]:
         report = sender.sync(weights, policy_version, only)
         return {
             "weightsync/seconds": report.seconds,
             "weightsync/engines": float(len(report.members)),
             "weightsync/dropped": float(len(report.dropped)),
         }
+
+    publisher = BackgroundPublisher(sync) if cfg.weightsync.background_send else None
+
+    def publish_weights(policy_version: int, only: list[str] | None = None) -> dict[str, float]:
+        weights = backend.policy_weights()  # collective
+        if sender is None:
+            return {}
+        if publisher is None:
+            return sync(weights, policy_version, only)
+        if only is None:
+            return publisher.publish(weights, policy_version)
+        return publisher.publish_now(weights, policy_version, only)
 
     trainer = Trainer(
         settings=_settings(cfg, tokenizer, backend),
@@ -121,11 +131,13 @@ def _train(cfg: RunConfig, paths: RunPaths, identity: TaskIdentity, device: torc
         else sequential_broadcast,
         cost_metrics=(lambda step: step_cost_metrics(paths, step)) if leader else lambda step: {},
         media_processor=processor,
-        on_idle=lambda: _catch_up_joiners(sender, trainer, publish_weights),
+        on_idle=lambda: _catch_up_joiners(sender, trainer, publish_weights, publisher),
     )
     _resume_or_start(cfg, paths, trainer)
     publish_weights(trainer.progress.policy_version)
     exit_code = trainer.run()
+    if publisher is not None:
+        publisher.wait()  # the last version reaches the engines before the sender closes
     if exit_code == exitcodes.DONE:
         # a media model's processor writes its tokenizer and preprocessor_config.json
         backend.export(paths.export_dir, processor or tokenizer, is_writer=leader)  # collective
@@ -139,11 +151,14 @@ def _train(cfg: RunConfig, paths: RunPaths, identity: TaskIdentity, device: torc
     return exit_code
 
 
-def _catch_up_joiners(sender, trainer: Trainer, publish_weights) -> None:
+def _catch_up_joiners(sender, trainer: Trainer, publish_weights, publisher=None) -> None:
     """Send the current weights to engines that registered while the trainer waits for
     samples (on every rank: the weights are a collective). Without this a restarted worker
     holding the claims of the very batch the trainer waits for would wait for weights that
-    only come after that batch: neither side would move."""
+    only come after that batch: neither side would move. A send in flight ends first: the
+    sender serves one thread at a time."""
+    if publisher is not None:
+        publisher.wait()
     joiners = sender.admit_joiners() if sender is not None else []
     joiners = trainer.broadcast_groups(joiners)
     if joiners:

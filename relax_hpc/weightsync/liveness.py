@@ -74,7 +74,12 @@ class LivenessMonitor:
         self._alive: dict[str, socket.socket] = {}
         self._dead: set[str] = set()
         self._lock = threading.Lock()
-        self._nudged = threading.Event()  # an engine nudged since the last wait_for_nudge()
+        # Nudges so far, and per waiting thread the count it last saw: the trainer's loop
+        # (waiting for samples) and its background weight send (waiting for engines' messages)
+        # each see every nudge; one consuming a shared flag could make the other miss it.
+        self._nudges = 0
+        self._nudge_cond = threading.Condition()
+        self._seen = threading.local()
         self._stop = False
         self._thread = threading.Thread(target=self._run, name="weightsync-liveness", daemon=True)
         self._thread.start()
@@ -100,11 +105,13 @@ class LivenessMonitor:
             nudge(sock)  # a full buffer, or closed meanwhile: it polls, or it is gone
 
     def wait_for_nudge(self, timeout_s: float) -> bool:
-        """Until an engine nudged or ``timeout_s``; whether one did. The nudge is consumed
-        on waking: an engine nudges after it wrote, and the caller looks again after this
+        """Until an engine nudged since this thread's last wait, or ``timeout_s``; whether
+        one did. An engine nudges after it wrote, and the caller looks again after this
         returns, so a nudge is never lost (an old one only costs one more look)."""
-        fired = self._nudged.wait(timeout_s)
-        self._nudged.clear()
+        seen = getattr(self._seen, "count", 0)
+        with self._nudge_cond:
+            fired = self._nudge_cond.wait_for(lambda: self._nudges > seen, timeout_s)
+            self._seen.count = self._nudges
         return fired
 
     def close(self) -> None:
@@ -158,7 +165,9 @@ class LivenessMonitor:
             if not data:  # EOF: the engine's process is gone (or it closed on purpose)
                 self._forget(sock)
             else:  # nudges: whatever a proven engine sends only wakes the sender
-                self._nudged.set()
+                with self._nudge_cond:
+                    self._nudges += 1
+                    self._nudge_cond.notify_all()
             return
         pending = self._pending[sock]
         pending.data += data

@@ -119,6 +119,11 @@ BAD_CONFIGS = [
     ),
     pytest.param(TINY + ["weightsync.backend=nccl"], "weightsync.backend", id="nccl-buckets"),
     pytest.param(
+        TINY + ["mode=sync", "max_staleness=0", "weightsync.background_send=true"],
+        "weightsync.background_send",
+        id="background-send-in-sync-mode",
+    ),
+    pytest.param(
         TINY + ["weightsync.busy_floor_s=4000"], "weightsync.busy_floor_s", id="floor-over-busy"
     ),
     pytest.param(

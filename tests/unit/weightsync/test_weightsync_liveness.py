@@ -78,3 +78,30 @@ def test_stalled_handshakes_are_closed_and_a_flood_is_capped(monitor, monkeypatc
     assert all(_closed_by_peer(sock) for sock in stalled)  # capped, then timed out
     assert monitor.is_connected("e1.a")
     live.close()
+
+
+def test_one_nudge_wakes_every_waiting_thread_and_each_sees_it_once(monitor):
+    """The trainer's loop (waiting for samples) and its background send (waiting for an
+    engine's message) wait at once: a nudge is not consumed by whichever wakes first."""
+    import threading
+
+    sock = liveness.connect("127.0.0.1", monitor.port, TOKEN, "e1.a", timeout_s=5.0)
+    assert _until(lambda: monitor.is_connected("e1.a"))
+    woken: list[bool] = []
+    waiting = threading.Barrier(3)
+
+    def wait() -> None:
+        waiting.wait(timeout=30)
+        woken.append(monitor.wait_for_nudge(30.0))
+
+    threads = [threading.Thread(target=wait) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    waiting.wait(timeout=30)
+    liveness.nudge(sock)
+    for thread in threads:
+        thread.join(timeout=60)
+    assert woken == [True, True]
+    assert monitor.wait_for_nudge(0.05)  # this thread sees it too, once
+    assert not monitor.wait_for_nudge(0.05)
+    sock.close()

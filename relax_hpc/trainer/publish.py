@@ -1,0 +1,90 @@
+"""Publishing policy versions while the trainer trains on (``weightsync.background_send``).
+
+A sync is a round with the rollout engines: called, ready, broadcast, verified, loaded,
+reported. Done in the trainer's loop, the whole round sits between two training steps, and
+an async run's step becomes the round plus the longer of generation and training (the
+roles take turns at the round). ``BackgroundPublisher`` copies version N's weights (a
+snapshot: the next step changes the live ones in place) and sends them from a thread while
+the loop reads the next batch and trains; the next version waits for this one's send to
+end, so versions still reach the engines one at a time and in order, each whole.
+
+Staleness control is unchanged: every sample carries the version it was generated with,
+the engine loads only verified, complete versions, and the spool still drops samples past
+``max_staleness``. What changes is when the trainer learns how a sync went: its report
+(members, drops) comes with the next publish (the metrics lag one sync), and its errors
+are raised there, or by ``wait``.
+
+Must not: gather the weights (a collective: the caller does it on every rank) or send from
+more than one thread at a time.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping
+
+import torch
+
+log = logging.getLogger(__name__)
+
+# (weights, policy_version, only) -> the sync's metrics
+SyncFn = Callable[[Mapping[str, torch.Tensor], int, "list[str] | None"], dict[str, float]]
+
+
+def snapshot(weights: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """A host copy of ``weights`` that the next optimiser step does not change (the bucket
+    transport stages weights in host memory anyway)."""
+    return {name: t.detach().to("cpu", copy=True) for name, t in weights.items()}
+
+
+class BackgroundPublisher:
+    """At most one sync in flight, on a thread; ``publish`` returns the previous one's
+    metrics (plus how long it waited for it, ``weightsync/wait_previous_s``)."""
+
+    def __init__(self, sync: SyncFn) -> None:
+        self.sync = sync
+        self._thread: threading.Thread | None = None
+        self._metrics: dict[str, float] = {}
+        self._error: BaseException | None = None
+        self.num_waited = 0  # syncs still running when the next one (or the end) came
+
+    def publish(self, weights: Mapping[str, torch.Tensor], policy_version: int) -> dict:
+        start = time.perf_counter()
+        metrics = self.wait()
+        metrics["weightsync/wait_previous_s"] = time.perf_counter() - start
+        copy = snapshot(weights)
+        self._thread = threading.Thread(
+            target=self._run, args=(copy, policy_version), name="weightsync-send", daemon=True
+        )
+        self._thread.start()
+        return metrics
+
+    def publish_now(
+        self, weights: Mapping[str, torch.Tensor], policy_version: int, only: list[str] | None
+    ) -> dict[str, float]:
+        """A sync in the caller's thread (joiners catching up), after the one in flight."""
+        self.wait()
+        return self.sync(weights, policy_version, only)
+
+    def wait(self) -> dict[str, float]:
+        """Until the sync in flight ended; its metrics; re-raises its error."""
+        thread, self._thread = self._thread, None
+        if thread is None:
+            return {}
+        if thread.is_alive():
+            self.num_waited += 1
+        thread.join()
+        error, self._error = self._error, None
+        if error is not None:
+            raise error
+        metrics, self._metrics = self._metrics, {}
+        return metrics
+
+    def _run(self, weights: dict[str, torch.Tensor], policy_version: int) -> None:
+        try:
+            self._metrics = self.sync(weights, policy_version, None)
+        except BaseException as error:  # raised in the trainer's thread at the next wait
+            log.warning("weightsync: sending policy_version %d failed: %s", policy_version, error)
+            self._error = error

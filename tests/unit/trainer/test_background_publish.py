@@ -1,0 +1,124 @@
+"""``weightsync.background_send``: the trainer trains step N+1 while version N is still being
+sent, and what is sent is version N whole.
+
+The real trainer loop, spool and torch backend, wired as ``trainer/main.py`` wires them; only
+the transport is a stand-in (the real one: tests/dist/test_weightsync*.py), one that does not
+finish sending version N before the trainer has trained step N+1. A trainer that sends
+between two steps never gets there: that send gives up after its bound and the test fails.
+Nothing here depends on how fast the machine is: the sends wait on the trainer's state.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+import torch
+from test_failed_rewards import GROUPS_PER_STEP, PER_GROUP, STEPS, make_backend_of, scored_groups
+
+from relax_hpc import exitcodes
+from relax_hpc.algo import AlgoConfig, resolve
+from relax_hpc.checkpoint.stop import StopFlag
+from relax_hpc.checkpoint.store import CheckpointStore
+from relax_hpc.observe.metrics import MetricsLogger
+from relax_hpc.paths import RunPaths
+from relax_hpc.spool import ShardWriter, SpoolReader
+from relax_hpc.trainer.loop import LoopSettings, Trainer, sequential_broadcast
+from relax_hpc.trainer.publish import BackgroundPublisher
+
+pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
+BOUND_S = 60.0  # generous: a send that waits this long means the trainer never went on
+
+
+class SlowTransport:
+    """Sends version N only once the trainer has trained step N+1 (or after ``BOUND_S``)."""
+
+    def __init__(self) -> None:
+        self.trainer: Trainer | None = None
+        self.sent: list[int] = []
+        self.overlapped: list[int] = []  # versions still in flight while the next step trained
+        self.received: dict[int, dict[str, torch.Tensor]] = {}
+
+    def sync(self, weights, policy_version: int, only) -> dict[str, float]:
+        deadline = time.monotonic() + BOUND_S
+        if policy_version < STEPS:  # the last version has no next step to wait for
+            while self.trainer.progress.step <= policy_version:
+                if time.monotonic() > deadline:
+                    break
+                time.sleep(0.01)
+            else:
+                self.overlapped.append(policy_version)
+        self.sent.append(policy_version)
+        self.received[policy_version] = {k: t.clone() for k, t in weights.items()}
+        return {"weightsync/engines": 1.0}
+
+
+def test_the_trainer_trains_on_while_a_version_is_sent_and_sends_each_whole(tmp_path):
+    paths = RunPaths(tmp_path).create()
+    ShardWriter(paths.spool_dir, "w0", shard_max_samples=PER_GROUP).publish(scored_groups())
+    backend = make_backend_of(AlgoConfig(name="grpo"))
+    transport = SlowTransport()
+    publisher = BackgroundPublisher(transport.sync)
+    published: dict[int, dict[str, torch.Tensor]] = {}
+
+    def publish_weights(policy_version: int) -> dict[str, float]:  # as trainer/main.py does
+        weights = backend.policy_weights()
+        published[policy_version] = {k: t.detach().clone() for k, t in weights.items()}
+        return publisher.publish(weights, policy_version)
+
+    settings = LoopSettings(
+        total_steps=STEPS,
+        prompts_per_step=GROUPS_PER_STEP,
+        checkpoint_interval_steps=STEPS,
+        sync_interval_steps=1,
+        epochs_per_step=1,
+        mini_batches_per_step=1,
+        temperature=1.0,
+        pad_token_id=0,
+    )
+    trainer = Trainer(
+        settings=settings,
+        spec=resolve(AlgoConfig(name="grpo")),
+        backend=backend,
+        reader=SpoolReader(paths.spool_dir),
+        publish_weights=publish_weights,
+        store=CheckpointStore(paths, keep=1),
+        stop=StopFlag(),
+        metrics=MetricsLogger(None, None),
+        broadcast_groups=sequential_broadcast,
+    )
+    transport.trainer = trainer
+    publish_weights(0)
+    assert trainer.run() == exitcodes.DONE
+    publisher.wait()
+
+    assert transport.sent == list(range(STEPS + 1))  # every version, once, in order
+    assert transport.overlapped == list(range(STEPS))  # each sent while the next step trained
+    for version, weights in transport.received.items():  # each as it was after its step
+        assert weights.keys() == published[version].keys()
+        assert all(torch.equal(weights[k], published[version][k]) for k in weights)
+    live = backend.policy_weights()
+    assert not all(torch.equal(transport.received[0][k], live[k]) for k in live)
+
+
+def test_a_failed_send_is_raised_by_the_next_publish_and_by_wait():
+    calls: list[int] = []
+    started = threading.Event()
+
+    def failing_sync(weights, policy_version, only):
+        calls.append(policy_version)
+        started.set()
+        raise RuntimeError(f"version {policy_version}: the store is gone")
+
+    publisher = BackgroundPublisher(failing_sync)
+    weights = {"w": torch.ones(2)}
+    assert publisher.publish(weights, 1) == {"weightsync/wait_previous_s": pytest.approx(0, abs=60)}
+    assert started.wait(60)
+    with pytest.raises(RuntimeError, match="version 1"):
+        publisher.publish(weights, 2)  # the trainer stops there: version 2 is not sent
+    assert publisher.wait() == {}  # raised once; nothing in flight
+    publisher.publish(weights, 3)
+    with pytest.raises(RuntimeError, match="version 3"):
+        publisher.wait()
+    assert calls == [1, 3]
