@@ -163,8 +163,9 @@ def test_reward_processes_outlive_the_stop_signal_of_the_step():
     from pathlib import Path
 
     here = str(Path(__file__).parent)
+    # The child imports torch and starts a forkserver and a pool: 60 s ran out at load 11.
     result = subprocess.run(
-        [sys.executable, "-c", SURVIVES_USR1, here], capture_output=True, text=True, timeout=60
+        [sys.executable, "-c", SURVIVES_USR1, here], capture_output=True, text=True, timeout=180
     )
     assert result.returncode == 0 and "survived" in result.stdout, result.stderr[-2000:]
 
