@@ -49,12 +49,14 @@ MEGATRON_ARCHITECTURES = ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM")
 
 
 def resolve_names(cfg: RunConfig, check_paths: bool = False) -> None:
-    """Raise ``ConfigError`` for the first name in ``cfg`` that resolves to nothing."""
+    """Raise ``ConfigError`` for the first name in ``cfg`` that resolves to nothing. The data
+    checks come first: they import nothing heavy, and a bad data file is then named in
+    about a second, not after torch and transformers are imported (algorithm, model)."""
+    resolve_data(cfg, check_paths)
     resolve_plugins(cfg)
     resolve_reward_parts(cfg)
     resolve_environment_name(cfg, check_paths)
     resolve_algorithm(cfg)
-    resolve_data(cfg, check_paths)
     resolve_model(cfg.model, check_paths)
     resolve_reward_services(cfg, check_paths)
     if check_paths:

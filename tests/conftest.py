@@ -149,16 +149,20 @@ def its_run(request, result_of):
     return result_of(request.node.originalname)
 
 
-@pytest.fixture
-def broken_model_folder(transformers5_folder, tmp_path):
-    """A copy of the transformers 5 folder whose weights file was cut short (a bad copy)."""
+def cut_short_copy(folder, broken):
+    """``broken``: a copy of the model ``folder`` whose weights file was cut short (a bad copy)."""
     import shutil
 
-    broken = tmp_path / "broken-model"
-    shutil.copytree(transformers5_folder[0], broken)
+    shutil.copytree(folder, broken)
     weights = broken / "model.safetensors"
     weights.write_bytes(weights.read_bytes()[:200])
     return broken
+
+
+@pytest.fixture
+def broken_model_folder(transformers5_folder, tmp_path):
+    """A copy of the transformers 5 folder whose weights file was cut short."""
+    return cut_short_copy(transformers5_folder[0], tmp_path / "broken-model")
 
 
 @pytest.fixture(scope="session")

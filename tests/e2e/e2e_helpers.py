@@ -229,6 +229,47 @@ def runs_of_selected_tests(
         yield lambda name: (run_dirs[name], futures[name].result())
 
 
+@contextlib.contextmanager
+def runs_of_selected_cases(
+    request, tmp_path_factory, run_of: Callable[[str, dict], Callable[[Path], T] | None]
+) -> Iterator[Callable[[str], T]]:
+    """``runs_of_selected_tests`` per case: each selected test of ``request``'s module, a
+    parametrized one once per parameter set, gets the run ``run_of(test name, its params)``
+    (called with a folder of its own; None: that test has no run), two at a time. Yields
+    ``result_of(request.node.name)`` -> what that case's run returned, waiting for that run
+    only. For runs that share nothing and each keep one core busy (a submit that stops at a
+    config error, a tiny run): on 2 cores the second one runs on the core the first leaves
+    idle."""
+    items = [i for i in request.session.items if i.module is request.module]
+    calls = {}
+    for item in items:
+        params = item.callspec.params if hasattr(item, "callspec") else {}
+        run = run_of(item.originalname, params)
+        if run is not None:
+            folder = tmp_path_factory.mktemp(item.originalname.removeprefix("test_")[:30])
+            calls[item.name] = functools.partial(run, folder)
+    with two_at_a_time(calls) as futures:
+        yield lambda name: futures[name].result()
+
+
+# Events of a rollout that crashed and was restarted, or of an engine the trainer gave up on.
+FAULTS = ("component_restarted", "weightsync_peer_dropped")
+
+
+def check_the_model_trained_in_the_mode(run_dir, result, mode: str, steps: int) -> None:
+    """A run of ``steps`` in ``mode`` ended well, with no crashed rollout and no engine given
+    up on; the trainer's weights reached the engine, which released its memory iff sync
+    (the matrix of ``test_model_sources``)."""
+    assert result.returncode == 0, failure_report(result, run_dir)
+    paths = RunPaths(run_dir)
+    assert read_json(paths.trainer_done)["step"] == steps
+    faults = [p.name for p in paths.events_dir.glob("*.json") if any(f in p.name for f in FAULTS)]
+    assert not faults, failure_report(result, run_dir)
+    rollout = read_json(paths.rollout_status(0))
+    assert rollout["policy_version"] >= 1  # the trainer's weights reached the engine
+    assert ("time/release_memory_s" in rollout["metrics"]) is (mode == "sync")
+
+
 def selected_params(request, *argnames: str) -> list:
     """The values of the parameters ``argnames`` (a tuple each where several are named) of the
     tests of ``request``'s module that this session runs, in the order they run: ``-k`` one

@@ -5,7 +5,14 @@ from __future__ import annotations
 import functools
 
 import pytest
-from e2e_helpers import failure_report, scalars, selected_params, submit, two_at_a_time
+from e2e_helpers import (
+    check_the_model_trained_in_the_mode,
+    failure_report,
+    scalars,
+    selected_params,
+    submit,
+    two_at_a_time,
+)
 
 from relax_hpc.config.algo import ALGORITHM_NAMES
 from relax_hpc.config.compose import compose_run_config
@@ -33,6 +40,10 @@ def teacher_dir(tmp_path_factory):
 
 
 MODES = [("sync", 0), ("hybrid", 0), ("async", 2)]  # mode, max_staleness
+# Each mode's run is also the run of one algorithm (a run costs ~15 s of process starts, an
+# algorithm and a mode are independent choices): 11 algorithm runs cover the 3 modes.
+ALGORITHM_OF_MODE = {"sync": "dr_grpo", "hybrid": "rloo", "async": "grpo"}
+MODE_STEPS = 4
 
 
 def algorithm_overrides(algo: str, teacher_dir) -> list[str]:
@@ -43,18 +54,27 @@ def algorithm_overrides(algo: str, teacher_dir) -> list[str]:
 
 
 def mode_overrides(mode: str, staleness: int) -> list[str]:
-    return [f"mode={mode}", f"max_staleness={staleness}", *FAST, "trainer.total_steps=4"]
+    return [f"mode={mode}", f"max_staleness={staleness}", f"trainer.total_steps={MODE_STEPS}"]
+
+
+def case_of(algo: str) -> str:
+    """The run that checks ``algo``: ``mode=...`` where it is also a mode's run."""
+    modes = [mode for mode, of_mode in ALGORITHM_OF_MODE.items() if of_mode == algo]
+    return f"mode={modes[0]}" if modes else f"algo={algo}"
 
 
 @pytest.fixture(scope="module")
 def run_of(request, tmp_path_factory, teacher_dir):
     """``run_of("algo=ppo")`` (or ``"mode=sync"``) -> (run_dir, result): the selected cases'
-    runs, two at a time."""
+    runs, two at a time; a mode's run trains its algorithm (``ALGORITHM_OF_MODE``)."""
     modes = selected_params(request, "mode")
     cases = {
-        f"algo={a}": algorithm_overrides(a, teacher_dir) for a in selected_params(request, "algo")
+        case_of(a): algorithm_overrides(a, teacher_dir) for a in selected_params(request, "algo")
     }
-    cases |= {f"mode={m}": mode_overrides(m, s) for m, s in MODES if m in modes}
+    for mode, staleness in MODES:
+        if mode in modes or f"mode={mode}" in cases:
+            algorithm = algorithm_overrides(ALGORITHM_OF_MODE[mode], teacher_dir)
+            cases[f"mode={mode}"] = [*algorithm, *mode_overrides(mode, staleness)]
 
     def run(name: str, overrides: list[str]) -> tuple:
         run_dir = tmp_path_factory.mktemp(name.replace("=", "-")) / "run"
@@ -67,10 +87,10 @@ def run_of(request, tmp_path_factory, teacher_dir):
 @pytest.mark.slow
 @pytest.mark.parametrize("algo", ALGORITHM_NAMES)
 def test_algorithm_runs_end_to_end(algo, run_of):
-    run_dir, result = run_of(f"algo={algo}")
+    run_dir, result = run_of(case_of(algo))
     assert result.returncode == 0, failure_report(result, run_dir)
     status = read_json(RunPaths(run_dir).trainer_status)
-    assert status["step"] == 2
+    assert status["step"] == (MODE_STEPS if case_of(algo).startswith("mode=") else 2)
     assert all(v == v for v in status["metrics"].values())  # no NaN reached the logs
     if algo == "ppo":
         assert "loss/critic" in status["metrics"]
@@ -82,12 +102,21 @@ def test_each_mode_keeps_its_staleness_bound(mode, staleness, run_of):
     run_dir, result = run_of(f"mode={mode}")
     assert result.returncode == 0, failure_report(result, run_dir)
     paths = RunPaths(run_dir)
+    assert f"algo={ALGORITHM_OF_MODE[mode]}" in result.args  # the run of that algorithm too
     series = scalars(paths.trainer_tensorboard_dir)
-    assert len(series["staleness/max"]) == 4
+    assert len(series["staleness/max"]) == MODE_STEPS
     assert max(series["staleness/max"]) <= staleness
     # sync: the engine hands its memory to the trainer after every batch
     released = "time/release_memory_s" in scalars(paths.rollout_tensorboard_dir(0))
     assert released is (mode == "sync")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", [mode for mode, _ in MODES])
+def test_the_built_in_model_trains_in_the_mode(mode, run_of):
+    """The built-in model's column of ``test_model_sources``' matrix, on each mode's run."""
+    run_dir, result = run_of(f"mode={mode}")
+    check_the_model_trained_in_the_mode(run_dir, result, mode, steps=MODE_STEPS)
 
 
 @pytest.mark.slow

@@ -3,6 +3,8 @@
 The matrix is ``mode`` (sync, hybrid, async) x model source: the built-in model (built from
 config), a folder written by the installed transformers 4, a folder in transformers 5's
 layout (``tokenizer_class: TokenizersBackend``) and a folder of several safetensors shards.
+The built-in model's column is checked on the runs of ``test_algorithm_families`` that
+check each mode (``e2e_helpers.check_the_model_trained_in_the_mode``), which train it already.
 A folder's weights are memory-mapped from its files, which torch cannot resize: ``mode=sync``
 releases the engine's memory after every batch and used to crash there, restart, and crash
 again. Each cell is ``submit`` with ``cluster=local`` for three steps of 2x2 samples: the
@@ -16,12 +18,16 @@ from __future__ import annotations
 import functools
 
 import pytest
-from e2e_helpers import failure_report, selected_params, submit, two_at_a_time
+from e2e_helpers import (
+    check_the_model_trained_in_the_mode,
+    selected_params,
+    submit,
+    two_at_a_time,
+)
 from tiny_models import write_transformers5_folder
 
 from relax_hpc.config.compose import compose_run_config
 from relax_hpc.models.build import build_causal_lm, build_tokenizer
-from relax_hpc.paths import RunPaths, read_json
 
 THREE_SMALL_STEPS = (
     "model.warm_start=false",
@@ -32,8 +38,6 @@ THREE_SMALL_STEPS = (
     "data.eval_size=2",
 )
 MODES = {"sync": 0, "hybrid": 0, "async": 1}  # mode -> max_staleness
-# Events of a rollout that crashed and was restarted, or of an engine the trainer gave up on.
-FAULTS = ("component_restarted", "weightsync_peer_dropped")
 
 
 def save_folder(folder, **save) -> None:
@@ -46,7 +50,7 @@ def save_folder(folder, **save) -> None:
 
 @pytest.fixture(scope="module")
 def folders(tmp_path_factory) -> dict[str, object]:
-    """Model source -> its folder (None: the built-in model)."""
+    """Model source -> its folder."""
     root = tmp_path_factory.mktemp("model-sources")
     save_folder(root / "transformers4")
     save_folder(root / "sharded", max_shard_size="100KB")
@@ -54,7 +58,6 @@ def folders(tmp_path_factory) -> dict[str, object]:
     (root / "transformers5").mkdir()
     write_transformers5_folder(root / "transformers5")
     return {
-        "built_in": None,
         "transformers4": root / "transformers4",
         "transformers5": root / "transformers5",
         "sharded": root / "sharded",
@@ -62,7 +65,7 @@ def folders(tmp_path_factory) -> dict[str, object]:
 
 
 def model_overrides(folder) -> list[str]:
-    return [] if folder is None else [f"model.path={folder}", f"model.tokenizer={folder}"]
+    return [f"model.path={folder}", f"model.tokenizer={folder}"]
 
 
 @pytest.fixture(scope="module")
@@ -82,15 +85,8 @@ def run_of(request, tmp_path_factory, folders):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("source", ["built_in", "transformers4", "transformers5", "sharded"])
+@pytest.mark.parametrize("source", ["transformers4", "transformers5", "sharded"])
 @pytest.mark.parametrize("mode", list(MODES))
 def test_the_model_trains_in_the_mode(mode, source, run_of):
     run_dir, result = run_of(mode, source)
-    assert result.returncode == 0, failure_report(result, run_dir)
-    paths = RunPaths(run_dir)
-    assert read_json(paths.trainer_done)["step"] == 3
-    faults = [p.name for p in paths.events_dir.glob("*.json") if any(f in p.name for f in FAULTS)]
-    assert not faults, failure_report(result, run_dir)
-    rollout = read_json(paths.rollout_status(0))
-    assert rollout["policy_version"] >= 1  # the trainer's weights reached the engine
-    assert ("time/release_memory_s" in rollout["metrics"]) is (mode == "sync")
+    check_the_model_trained_in_the_mode(run_dir, result, mode, steps=3)
