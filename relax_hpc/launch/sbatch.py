@@ -273,9 +273,7 @@ decide() {{
 # when anything else ended, the start ends as below.
 decided=0
 while true; do
-  # A signal's trap ends the wait at once; a step that exits is seen within a second
-  # (a crashed trainer's restart and the end of a finished run wait on this look).
-  while all_alive; do sleep 1 & wait $! || true; done
+  while all_alive; do sleep 5 & wait $! || true; done
   if [ -n "$got_signal" ] || kill -0 "${{step_pids[{trainer}]}}" 2>/dev/null || ! others_alive; then break; fi
   decide 1; decided=1
   [ "$alone" = 1 ] || break

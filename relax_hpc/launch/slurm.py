@@ -135,12 +135,9 @@ def job_state(job_id: str, run: Runner = subprocess.run) -> dict[str, str]:
 
 
 def wait_for_job(
-    job_id: str, timeout_s: float, poll_s: float = 0.5, run: Runner = subprocess.run
+    job_id: str, timeout_s: float, poll_s: float = 2.0, run: Runner = subprocess.run
 ) -> str:
-    """Poll until the job reaches a final state; raise TimeoutError after ``timeout_s``.
-
-    A look is one ``sacct`` call (a slurmdbd query, milliseconds), so half a second costs
-    nothing and a waiter learns of the end within half a second, not two."""
+    """Poll until the job reaches a final state; raise TimeoutError after ``timeout_s``."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         state = job_state(job_id, run)["State"]
