@@ -47,7 +47,9 @@ def test_an_extra_pool_is_a_job_that_joins_drains_and_completes(tmp_path):
         script = paths.pool_script("xs").read_text()
         assert "#SBATCH --no-requeue" in script and "--pool xs" in script
         wait_until(lambda: read_json(writer, {}).get("num_groups", 0) >= 2, 600, "pool samples")
-        assert job_state(pool_job)["State"] == "RUNNING"
+        # sacct learns of a start from slurmctld a little later: until then it has no row
+        running = lambda: job_state(pool_job)["State"] == "RUNNING"  # noqa: E731
+        wait_until(running, 120, "the pool's job RUNNING in sacct")
 
         drained = scale(run_dir, "drain", "xs")
         assert drained.returncode == 0, drained.stdout + drained.stderr
