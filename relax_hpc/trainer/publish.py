@@ -48,7 +48,6 @@ class BackgroundPublisher:
         self._thread: threading.Thread | None = None
         self._metrics: dict[str, float] = {}
         self._error: BaseException | None = None
-        self.num_waited = 0  # syncs still running when the next one (or the end) came
 
     def publish(self, weights: Mapping[str, torch.Tensor], policy_version: int) -> dict:
         start = time.perf_counter()
@@ -73,8 +72,6 @@ class BackgroundPublisher:
         thread, self._thread = self._thread, None
         if thread is None:
             return {}
-        if thread.is_alive():
-            self.num_waited += 1
         thread.join()
         error, self._error = self._error, None
         if error is not None:
