@@ -78,10 +78,11 @@ def seconds_per_batch(score, batches: list[list[ScoreItem]]) -> float:
 def generation_seconds(cfg, batches: int) -> float:
     """grpo_tiny's warm-started policy generating one rollout batch (8 new tokens max)."""
     from relax_hpc.models.build import build_causal_lm, build_tokenizer
+    from relax_hpc.paths import default_cache_dir
     from relax_hpc.rollout.engines.base import GenerationRequest, SamplingParams
     from relax_hpc.rollout.engines.transformers_engine import TransformersEngine
     from relax_hpc.tasks.addition import warm_start
-    from relax_hpc.tasks.warm_start import default_cache_dir, warm_started_model_config
+    from relax_hpc.tasks.warm_start import warm_started_model_config
 
     model_cfg = warm_started_model_config(
         cfg.model, warm_start(cfg.model, cfg.data, default_cache_dir())

@@ -35,6 +35,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+CACHE_DIR_ENV = "RELAX_HPC_CACHE_DIR"
+
+
+def default_cache_dir() -> Path:
+    """``$RELAX_HPC_CACHE_DIR``, else ``~/.cache/relax_hpc``: the user's cache, shared by
+    runs (warm starts, the installed transformers' class names)."""
+    return Path(os.environ.get(CACHE_DIR_ENV, Path.home() / ".cache" / "relax_hpc"))
+
 
 def _tmp_name(path: Path) -> Path:
     """A temp name beside ``path`` that no other writer (host, process) can collide with."""

@@ -9,11 +9,11 @@ this module checks that each *name* stands for something that exists where the j
 | ``rollout.reward``, ``rewards.*`` | each reward part: ``judge`` (a judge is configured), a reward model or endpoint of ``rewards``, a built-in reward or ``module:function`` (imported) |
 | ``judge.template``, ``judge.verdict`` | a built-in template or text with ``{response}``; a verdict parser |
 | ``judge.model.*``, ``rewards.reward_models.*.path`` | a judge class and folder that load; a score head with the label* |
-| ``algo.*`` | the estimator and loss functions (``relax_hpc.algo.resolve``) |
+| ``algo.*`` | names and values the estimator and loss functions take (``config/algo.py``; bound by ``algo/registry.py``) |
 | ``data.schema``, ``data.*_key`` | a published schema and its keys; the data file's columns* |
 | ``data.path``, ``data.eval_path`` | files whose every row reads: UTF-8 JSON objects, a Parquet schema* |
 | ``rollout.eval_interval_steps`` | a held-out split (``data.eval_path``) for file datasets |
-| ``model.architecture`` | a transformers class; the class the folder's config.json names* |
+| ``model.architecture`` | a class of the installed transformers (its names cached per installation: ``models/architectures.py``); the class the folder's config.json names* |
 | ``model.path``, ``model.tokenizer`` | a config.json and a tokenizer that load (not the weights)* |
 | ``trainer.backend``, ``rollout.backend``, ``judge.backend`` | a registered plug-in (``trainer/registry.py``, ``rollout/engines/registry.py``) or ``module:name`` (imported); the libraries it needs, in the job's interpreter* |
 | ``model.modality`` | a modality the trainer and engines carry* |
@@ -39,6 +39,11 @@ from relax_hpc.config.rewards import COMPOSITE
 from relax_hpc.config.schema import BUILTIN_TOKENIZERS
 from relax_hpc.data.scan import DataFileError, scan_columns
 from relax_hpc.data.schemas import SCHEMAS
+from relax_hpc.models.architectures import (
+    check_media_architecture,
+    check_transformers_class,
+    media_family,
+)
 from relax_hpc.plugins import PluginError, Registry
 
 FILE_KINDS = ("jsonl", "parquet")
@@ -101,7 +106,6 @@ def _policy_tokenizer(model_cfg):
 
         return build_tokenizer(model_cfg)
     from relax_hpc.media.processor import MediaProcessor
-    from relax_hpc.models.media_policy import media_family
     from relax_hpc.models.multimodal import tiny_processor
 
     if model_cfg.path is None:
@@ -168,11 +172,11 @@ def resolve_reward_services(cfg: RunConfig, check_paths: bool) -> None:
         resolve_model(cfg.judge.model, check_paths, prefix="judge.model")
     if not check_paths:
         return
-    from relax_hpc.models.hf_folder import load_model_config
-
     for name, rm in cfg.rewards.reward_models.items():
         if rm.path is None:
             continue  # built from arch: its head was checked against arch.num_labels
+        from relax_hpc.models.hf_folder import load_model_config
+
         field = f"rewards.reward_models.{name}.path"
         labels = getattr(load_model_config(rm.path, field), "num_labels", 0)
         if labels <= rm.label:
@@ -184,11 +188,13 @@ def resolve_reward_services(cfg: RunConfig, check_paths: bool) -> None:
 
 
 def resolve_algorithm(cfg: RunConfig) -> None:
-    from relax_hpc.algo import resolve
-
+    """The algorithm's names and values, from ``config/algo.py`` alone: every estimator and
+    loss it accepts is bound in ``algo/registry.py`` (asserted there at import), so the
+    trainer binds what is checked here without torch being imported at submit."""
     try:
-        resolve(cfg.algo)
-    except (ValueError, KeyError) as err:
+        cfg.algo.validate()
+        cfg.algo.with_algorithm_defaults()
+    except ValueError as err:
         text = str(err)
         field = text.split(":")[0] if text.startswith("algo.") else "algo.name"
         raise ConfigError(field, text) from None
@@ -250,26 +256,16 @@ def check_columns(data: DataConfig, path: Path, field: str = "data.path") -> Non
 
 
 def resolve_model(model: ModelConfig, check_paths: bool, prefix: str = "model") -> None:
-    import transformers
-
-    if model.architecture not in dir(transformers):  # the lazy module lists every class
-        raise ConfigError(
-            f"{prefix}.architecture",
-            f"{model.architecture!r} is not a model class of transformers "
-            f"{transformers.__version__}; use the class named in the model's config.json "
-            "(e.g. Qwen3ForCausalLM, Qwen3MoeForCausalLM)",
-        )
+    check_transformers_class(model.architecture, f"{prefix}.architecture")
     if model.modality != "text":
-        from relax_hpc.models.media_policy import check_media_architecture, media_family
-
         check_media_architecture(model.architecture)
         if model.path is None:
             media_family(model.architecture)  # a built-in media model of that class exists
     if not check_paths:
         return
-    from relax_hpc.models.hf_folder import load_model_config, load_tokenizer
-
     if model.path:
+        from relax_hpc.models.hf_folder import load_model_config
+
         architectures = load_model_config(model.path, f"{prefix}.path").architectures or []
         if architectures and model.architecture not in architectures:
             raise ConfigError(
@@ -277,13 +273,24 @@ def resolve_model(model: ModelConfig, check_paths: bool, prefix: str = "model") 
                 f"{model.path}/config.json names {', '.join(architectures)}, not "
                 f"{model.architecture}; set {prefix}.architecture={architectures[0]}",
             )
-    for field in ("reference_path", "teacher_path", "critic_path"):
-        if getattr(model, field):
-            load_model_config(getattr(model, field), f"{prefix}.{field}")
-    if model.tokenizer == "auto" and model.path:
-        load_tokenizer(model.path, f"{prefix}.path")
-    elif model.tokenizer not in ("auto", *BUILTIN_TOKENIZERS):
-        load_tokenizer(model.tokenizer, f"{prefix}.tokenizer")
+    check_model_folders(model, prefix)
+
+
+def check_model_folders(model: ModelConfig, prefix: str) -> None:
+    """The reference, teacher and critic configs and the tokenizer load (transformers is
+    imported only when the config names one of them)."""
+    named = [f for f in ("reference_path", "teacher_path", "critic_path") if getattr(model, f)]
+    tokenizer = model.path if model.tokenizer == "auto" else model.tokenizer
+    tokenizer_field = f"{prefix}.path" if model.tokenizer == "auto" else f"{prefix}.tokenizer"
+    loads_tokenizer = bool(tokenizer) and tokenizer not in BUILTIN_TOKENIZERS
+    if not named and not loads_tokenizer:
+        return
+    from relax_hpc.models.hf_folder import load_model_config, load_tokenizer
+
+    for field in named:
+        load_model_config(getattr(model, field), f"{prefix}.{field}")
+    if loads_tokenizer:
+        load_tokenizer(tokenizer, tokenizer_field)
 
 
 def check_modality(model: ModelConfig) -> None:

@@ -19,7 +19,12 @@ from torch import Tensor
 
 from relax_hpc.algo import advantages as adv
 from relax_hpc.algo import losses
-from relax_hpc.config.algo import GROUP_ESTIMATORS, AlgoConfig
+from relax_hpc.config.algo import (
+    ADVANTAGE_ESTIMATORS,
+    GROUP_ESTIMATORS,
+    POLICY_LOSSES,
+    AlgoConfig,
+)
 
 
 @dataclass(frozen=True)
@@ -148,3 +153,7 @@ _POLICY_LOSSES: dict[str, tuple[Callable[..., Any], Callable[[AlgoConfig], dict[
         },
     ),
 }
+# Submit checks names against config/algo.py alone (no torch there): every name it accepts
+# must be bound here, and nothing bound here may be unreachable from a config.
+assert set(_ESTIMATORS) == set(ADVANTAGE_ESTIMATORS), "bind every ADVANTAGE_ESTIMATORS name"
+assert set(_POLICY_LOSSES) == set(POLICY_LOSSES), "bind every POLICY_LOSSES name"

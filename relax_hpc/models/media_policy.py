@@ -24,48 +24,13 @@ from transformers import PreTrainedModel
 from relax_hpc.config.errors import ConfigError
 from relax_hpc.config.schema import ModelConfig
 from relax_hpc.media.processor import MediaProcessor
-from relax_hpc.models.multimodal import (
-    ARCHITECTURES,
-    OMNI_THINKERS,
-    build_tiny_media_model,
-    load_media_model,
-)
-
-# Media model classes refused at submit, with the reason (ConfigError on model.architecture).
-REFUSED_ARCHITECTURES = {
-    "Qwen2AudioForConditionalGeneration": (
-        "Qwen2-Audio (audio only) is not supported: it marks clips with "
-        "<|audio_bos|>/<|audio_eos|> and has no vision tower, and no media family here "
-        "(media/markup.py) renders, counts or serves its prompts; train audio with a "
-        "Qwen2.5-Omni or Qwen3-Omni thinker (Qwen2_5OmniThinkerForConditionalGeneration)"
-    ),
-}
+from relax_hpc.models.architectures import media_family
+from relax_hpc.models.multimodal import build_tiny_media_model, load_media_model
 
 
 def is_media_model(model_cfg: ModelConfig) -> bool:
     """Whether the policy takes media (and so is built here, not by ``models.build``)."""
     return model_cfg.modality != "text"
-
-
-def check_media_architecture(architecture: str) -> None:
-    """``ConfigError`` with the reason when ``architecture`` is a refused media class."""
-    if architecture in REFUSED_ARCHITECTURES:
-        raise ConfigError("model.architecture", REFUSED_ARCHITECTURES[architecture])
-
-
-def media_family(architecture: str) -> str:
-    """The tiny-model family (``models.multimodal.ARCHITECTURES``) of ``model.architecture``;
-    a whole Omni class's is its thinker's (the part a run trains)."""
-    check_media_architecture(architecture)
-    thinker = OMNI_THINKERS.get(architecture, architecture)
-    for family, name in ARCHITECTURES.items():
-        if name == thinker:
-            return family
-    raise ConfigError(
-        "model.architecture",
-        f"{architecture!r} has no built-in media model; use one of "
-        f"{', '.join(ARCHITECTURES.values())}, or set model.path to a local folder",
-    )
 
 
 def build_media_policy(

@@ -32,20 +32,9 @@ from transformers import (
 
 from relax_hpc.media.markup import FAMILIES, MediaMarkup
 from relax_hpc.media.processor import MediaProcessor, read_config
+from relax_hpc.models.architectures import ARCHITECTURES, OMNI_THINKERS
 from relax_hpc.models.tokenizer import ALPHABET, char_level_backend
 
-ARCHITECTURES = {
-    "qwen3_vl": "Qwen3VLForConditionalGeneration",
-    "qwen2_5_omni": "Qwen2_5OmniThinkerForConditionalGeneration",
-    "qwen3_omni": "Qwen3OmniMoeThinkerForConditionalGeneration",
-}
-# A whole Omni model's class (thinker + talker + code2wav, as Qwen publishes it) -> the
-# thinker's class. RL trains and serves text only, so only the thinker is loaded; its weights
-# sit under ``thinker.`` and its config under ``thinker_config``.
-OMNI_THINKERS = {
-    "Qwen2_5OmniForConditionalGeneration": "Qwen2_5OmniThinkerForConditionalGeneration",
-    "Qwen3OmniMoeForConditionalGeneration": "Qwen3OmniMoeThinkerForConditionalGeneration",
-}
 THINKER_PREFIX = "thinker."
 PAD_TOKEN, IM_START, IM_END, UNK_TOKEN = "<|endoftext|>", "<|im_start|>", "<|im_end|>", "<unk>"
 # One vocabulary for every family: ChatML, then each family's media tokens, then characters.

@@ -36,7 +36,7 @@ from relax_hpc.config.schema import DataConfig, ModelConfig
 from relax_hpc.data.media_tasks import MediaExample, MediaTask, sloppy_label
 from relax_hpc.media.inputs import collate_media
 from relax_hpc.media.processor import MediaProcessor
-from relax_hpc.models.media_policy import media_family
+from relax_hpc.models.architectures import media_family
 from relax_hpc.models.multimodal import build_tiny_media_model, tiny_arch, tiny_processor
 from relax_hpc.tasks.base import Rows, Task, WarmStart
 from relax_hpc.tasks.warm_start import cached_training, fit_supervised

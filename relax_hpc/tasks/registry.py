@@ -87,7 +87,7 @@ def policy_warm_start(
 ) -> Path:
     """The warm-started folder of a run's policy (trained the first time) under
     ``cache_dir`` (default ``$RELAX_HPC_CACHE_DIR``)."""
-    from relax_hpc.tasks.warm_start import default_cache_dir  # torch: only when asked
+    from relax_hpc.paths import default_cache_dir
 
     chosen = policy_task(model_cfg, data_cfg, environment)
     return chosen.warm_start(model_cfg, data_cfg, cache_dir or default_cache_dir())

@@ -40,14 +40,8 @@ from relax_hpc.paths import fsync_file
 
 log = logging.getLogger(__name__)
 
-CACHE_DIR_ENV = "RELAX_HPC_CACHE_DIR"
 LOCKS_DIR = ".locks"  # in a cache folder: one lock file per warm start being trained
 METADATA_NAME = "warmstart.json"
-
-
-def default_cache_dir() -> Path:
-    """``$RELAX_HPC_CACHE_DIR``, else ``~/.cache/relax_hpc``: where warm starts are kept."""
-    return Path(os.environ.get(CACHE_DIR_ENV, Path.home() / ".cache" / "relax_hpc"))
 
 
 def cached_training(

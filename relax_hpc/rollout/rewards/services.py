@@ -37,7 +37,7 @@ class RewardContext:
     data: DataConfig | None = None  # the task a judge warm start trains on
     reward_timeout_s: float | None = 10.0  # rule rewards' per-sample timeout
     seed: int = 0
-    cache_dir: Path | None = None  # warm starts (default: tasks.warm_start.default_cache_dir)
+    cache_dir: Path | None = None  # warm starts (default: paths.default_cache_dir)
 
 
 def build_scorer(
@@ -136,8 +136,9 @@ def warm_started_folder(
 ) -> Path:
     """The cached warm start of task ``name`` (named by ``field``; it must train a
     ``trains`` model) for ``who``, trained the first time; its measured quality logged."""
+    from relax_hpc.paths import default_cache_dir
     from relax_hpc.tasks.registry import task
-    from relax_hpc.tasks.warm_start import METADATA_NAME, default_cache_dir
+    from relax_hpc.tasks.warm_start import METADATA_NAME
 
     if context.data is None:
         raise ValueError(f"{field}={name} needs the run's data config (the task it trains on)")

@@ -15,6 +15,7 @@ import time
 
 import pytest
 import torch
+from loop_fixtures import loop_settings
 from test_failed_rewards import GROUPS_PER_STEP, PER_GROUP, STEPS, make_backend_of, scored_groups
 
 from relax_hpc import exitcodes
@@ -24,7 +25,7 @@ from relax_hpc.checkpoint.store import CheckpointStore
 from relax_hpc.observe.metrics import MetricsLogger
 from relax_hpc.paths import RunPaths
 from relax_hpc.spool import ShardWriter, SpoolReader
-from relax_hpc.trainer.loop import LoopSettings, Trainer, sequential_broadcast
+from relax_hpc.trainer.loop import Trainer, sequential_broadcast
 from relax_hpc.trainer.publish import BackgroundPublisher
 
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
@@ -67,16 +68,7 @@ def test_the_trainer_trains_on_while_a_version_is_sent_and_sends_each_whole(tmp_
         published[policy_version] = {k: t.detach().clone() for k, t in weights.items()}
         return publisher.publish(weights, policy_version)
 
-    settings = LoopSettings(
-        total_steps=STEPS,
-        prompts_per_step=GROUPS_PER_STEP,
-        checkpoint_interval_steps=STEPS,
-        sync_interval_steps=1,
-        epochs_per_step=1,
-        mini_batches_per_step=1,
-        temperature=1.0,
-        pad_token_id=0,
-    )
+    settings = loop_settings(STEPS, GROUPS_PER_STEP, STEPS)
     trainer = Trainer(
         settings=settings,
         spec=resolve(AlgoConfig(name="grpo")),

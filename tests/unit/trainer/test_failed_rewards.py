@@ -14,6 +14,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
+from loop_fixtures import loop_settings
 from megatron_factories import TINY_QWEN3, tiny_qwen3
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
@@ -29,7 +30,7 @@ from relax_hpc.rollout.scoring import SampleScorer
 from relax_hpc.spool import Sample, ShardWriter, SpoolReader
 from relax_hpc.trainer.backend import HFNetworks, make_backend
 from relax_hpc.trainer.batch import collate
-from relax_hpc.trainer.loop import LoopSettings, Trainer, sequential_broadcast
+from relax_hpc.trainer.loop import Trainer, sequential_broadcast
 from relax_hpc.trainer.update import _actor_micro_loss, mask_failed_rewards, prepare_step
 
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
@@ -127,17 +128,7 @@ def test_the_loop_masks_failed_rewards_counts_them_and_consumes_all_once(tmp_pat
     groups = scored_groups()
     paths = RunPaths(tmp_path).create()
     ShardWriter(paths.spool_dir, "w0", shard_max_samples=PER_GROUP).publish(groups)
-    settings = LoopSettings(
-        total_steps=STEPS,
-        prompts_per_step=GROUPS_PER_STEP,
-        checkpoint_interval_steps=STEPS,
-        sync_interval_steps=1,
-        epochs_per_step=1,
-        mini_batches_per_step=1,
-        temperature=1.0,
-        pad_token_id=0,
-        audit_sample_ids=True,
-    )
+    settings = loop_settings(STEPS, GROUPS_PER_STEP, STEPS, audit_sample_ids=True)
     tensorboard_dir = tmp_path / "tb"
     metrics = MetricsLogger(tensorboard_dir, paths.trainer_status)
     trainer = Trainer(

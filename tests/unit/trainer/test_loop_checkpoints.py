@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from loop_fixtures import loop_settings
 from megatron_factories import tiny_qwen3
 
 from relax_hpc import exitcodes
@@ -18,7 +19,7 @@ from relax_hpc.config.schema import TrainerConfig
 from relax_hpc.observe.metrics import MetricsLogger
 from relax_hpc.paths import RunPaths
 from relax_hpc.trainer.backend import HFNetworks, make_backend
-from relax_hpc.trainer.loop import LoopSettings, Trainer, sequential_broadcast
+from relax_hpc.trainer.loop import Trainer, sequential_broadcast
 
 
 class CountingStore(CheckpointStore):
@@ -49,16 +50,7 @@ class StepsOnly(Trainer):
 def make_trainer(tmp_path, total_steps: int, interval: int) -> StepsOnly:
     backend = make_backend(TrainerConfig(), torch.device("cpu"), torch.float32, 0, 1)
     backend.build_networks(HFNetworks(policy=tiny_qwen3(True)))
-    settings = LoopSettings(
-        total_steps=total_steps,
-        prompts_per_step=1,
-        checkpoint_interval_steps=interval,
-        sync_interval_steps=1,
-        epochs_per_step=1,
-        mini_batches_per_step=1,
-        temperature=1.0,
-        pad_token_id=0,
-    )
+    settings = loop_settings(total_steps, 1, interval)
     return StepsOnly(
         settings=settings,
         spec=resolve(AlgoConfig(name="grpo")),

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from loop_fixtures import loop_settings
 from media_batches import GRPO, VL, backend_of, sampled_groups
 
 from relax_hpc import exitcodes
@@ -17,7 +18,7 @@ from relax_hpc.models.media_policy import build_media_policy
 from relax_hpc.observe.metrics import MetricsLogger
 from relax_hpc.paths import RunPaths
 from relax_hpc.spool import ShardWriter, SpoolReader
-from relax_hpc.trainer.loop import LoopSettings, Trainer, sequential_broadcast
+from relax_hpc.trainer.loop import Trainer, sequential_broadcast
 
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
 STEPS, GROUPS_PER_STEP, PER_GROUP = 2, 2, 4
@@ -26,16 +27,8 @@ STEPS, GROUPS_PER_STEP, PER_GROUP = 2, 2, 4
 def make_trainer(paths: RunPaths, policy, published: list[int]) -> Trainer:
     _, processor = policy
     _, backend = backend_of(policy, micro_batch_tokens=200)
-    settings = LoopSettings(
-        total_steps=STEPS,
-        prompts_per_step=GROUPS_PER_STEP,
-        checkpoint_interval_steps=1,
-        sync_interval_steps=1,
-        epochs_per_step=1,
-        mini_batches_per_step=1,
-        temperature=1.0,
-        pad_token_id=processor.tokenizer.pad_token_id,
-        audit_sample_ids=True,
+    settings = loop_settings(
+        STEPS, GROUPS_PER_STEP, 1, pad_token_id=processor.tokenizer.pad_token_id, audit_sample_ids=True
     )
     return Trainer(
         settings=settings,
