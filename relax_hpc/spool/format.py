@@ -1,19 +1,21 @@
 """The HDF5 shard format: encode groups of samples to bytes, decode and validate them.
 
-Layout (schema version 2). File attributes: ``schema`` (= ``SCHEMA_NAME``),
+Layout (schema version 3; version 2 below). File attributes: ``schema`` (= ``SCHEMA_NAME``),
 ``schema_version``, ``writer_id``, ``created_unix_s``, ``num_groups``, ``num_samples``,
 ``min_policy_version``, ``max_policy_version``, ``checksums`` (see below). Datasets, all
-1-D unless noted:
+1-D unless noted (G groups, N samples):
 
-    groups/offsets              int64 (G+1,)  samples of group g are [offsets[g], offsets[g+1])
-    sample/<column>             one value per sample: data_index, policy_version, num_turns
-                                (int64), reward (float64); and one uint8 dataset holding the
-                                utf-8 JSON array of the N values of each of sample_id, group_id,
-                                finish_reason (strings), reward_details, timings_s, metadata
-                                (objects): one encode/decode call per column, not per sample
-    prompt/token_ids, prompt/offsets            int32 values, int64 (N+1,)
-    response/token_ids, response/loss_mask, response/rollout_logprobs, response/offsets
-                                int32 / uint8 / float32 values sharing one int64 (N+1,) offsets
+    offsets                     int64 (G+1 + 2(N+1),)  three offsets arrays end to end: groups
+                                (samples of group g are [o[g], o[g+1])), then prompt tokens,
+                                then response tokens of each sample
+    sample/scalars              compound (N,): data_index, policy_version, num_turns (int64),
+                                reward (float64), little-endian, one record per sample
+    sample/json                 uint8: the utf-8 JSON object {column: [N values]} of
+                                sample_id, group_id, finish_reason (strings), reward_details,
+                                timings_s, metadata (objects): one encode/decode per shard
+    prompt/token_ids            int32, cut by the prompt offsets
+    response/token_ids, response/loss_mask, response/rollout_logprobs
+                                int32 / uint8 / float32, cut by the response offsets
     images/values, images/value_offsets, images/shapes, images/shape_offsets,
     images/sample_offsets       a list of uint8 arrays: flat values, per-array offsets,
                                 concatenated shapes, and which arrays belong to which sample
@@ -40,12 +42,21 @@ Media (``MediaPayload.to_arrays`` of each of the M stored payloads, concatenated
     media/audio/lengths         int64 (C,)    samples of each clip
     media/audio/offsets         int64 (M+1,)  clips of media group m
 
+Version 2 (written before version 3; still read, never written) has the same attributes,
+``images``/``audio``/``media`` datasets, token arrays and checksums, but one dataset per
+column and per offsets array instead of the three packed ones: ``groups/offsets`` (G+1,),
+``sample/<column>`` for each scalar column (its dtype) and each JSON column (a JSON array of
+N values), ``prompt/offsets`` and ``response/offsets`` (N+1,). 17 datasets for a text shard
+instead of 7 (h5py costs ~0.15 ms per dataset to create and as much to read: ~1.1 ms of CPU
+per 128-sample shard on each side, ``benchmarks/shard_io.py``). ``columns.TEXT_READERS`` decodes each.
+
 The reader builds one ``MediaPayload`` per stored payload and gives a group's to every
 sample of the group (shared, as written). A shard without per-sample payloads has no
 ``media/samples`` (the layout of shards written before it); a reader without per-sample
 support finds an undecoded dataset and refuses such a shard as corrupt, never misreads it.
-Shards without media (text) have no ``media/`` datasets, as before this layout: the schema version is unchanged (a reader of version 2 without media support
-finds datasets it did not decode and refuses the shard as corrupt; it never misreads one).
+Shards without media (text) have no ``media/`` datasets. (Media came within version 2: a
+reader of version 2 without media support finds datasets it did not decode and refuses the
+shard as corrupt; it never misreads one.)
 
 Seal: the file begins with a 512-byte HDF5 user block (never read by the library) holding
 ``SEAL_MAGIC``, the number of bytes after it and their CRC-32. The reader checks it before
@@ -63,8 +74,8 @@ it), never a silently different sample. CRC-32 detects every burst error up to 3
 and any other change with probability 1 - 2**-32; it is not a MAC (see SECURITY.md).
 Cost: ~1.8 GB/s per core, measured in ``benchmarks/spool_throughput.py``.
 
-Concatenated arrays with offsets (no per-sample datasets) keep a shard to 17-28 datasets
-(HDF5 costs ~0.5 ms per dataset), so encoding is a few large memcpys and decoding yields
+Concatenated arrays with offsets (no per-sample datasets) keep a shard to 7 datasets (text)
+to 27 (images, audio and media), so encoding is a few large memcpys and decoding yields
 zero-copy views. No compression:
 token ids and pixels compress poorly and the spool's budget is bandwidth, not disk.
 
@@ -95,11 +106,19 @@ import h5py
 import numpy as np
 
 from relax_hpc.media.payload import MediaPayload
+from relax_hpc.spool.columns import (
+    JSON_COLUMNS,
+    SCALAR_COLUMNS,
+    SCALARS_DTYPE,
+    TEXT_READERS,
+    Columns,
+    json_list,
+)
 from relax_hpc.spool.errors import ShardCorruptError, ShardVersionError
 from relax_hpc.spool.sample import AudioClip, Group, Sample
 
 SCHEMA_NAME = "relax_hpc.spool.shard"
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 MIN_SCHEMA_VERSION = 2  # the first version with checksums
 CHECKSUMS_ATTR = "checksums"
 HEADER_CHECKSUM_KEY = "header"
@@ -109,21 +128,6 @@ SEAL_SIZE = 512  # the smallest HDF5 user block
 SEAL_MAGIC = b"relax_hpc.seal/1"
 _SEAL = struct.Struct("<16sQI")  # magic, bytes after the user block, their CRC-32
 _CRC_CHUNK = 1 << 22
-
-_JSON_COLUMNS = {
-    "sample_id": str,
-    "group_id": str,
-    "finish_reason": str,
-    "reward_details": dict,
-    "timings_s": dict,
-    "metadata": dict,
-}
-_SCALAR_COLUMNS = {
-    "data_index": np.int64,
-    "policy_version": np.int64,
-    "num_turns": np.int64,
-    "reward": np.float64,
-}
 
 
 @dataclass(frozen=True)
@@ -198,18 +202,27 @@ def _check_group(group: Sequence[Sample], index: int) -> None:
             raise ValueError(f"sample {s.sample_id!r}: policy_version must be >= 0")
 
 
-def _write_samples(h5: _ChecksummedDatasets, samples: list[Sample]) -> None:
-    for column in _JSON_COLUMNS:
-        text = json.dumps([getattr(s, column) for s in samples], sort_keys=True)
-        h5[f"sample/{column}"] = np.frombuffer(text.encode("utf-8"), dtype=np.uint8)
-    for column, dtype in _SCALAR_COLUMNS.items():
-        h5[f"sample/{column}"] = np.asarray([getattr(s, column) for s in samples], dtype=dtype)
+def _write_samples(
+    h5: _ChecksummedDatasets, groups: Sequence[Sequence[Sample]], samples: list[Sample]
+) -> None:
+    """The version-3 sample datasets (the module docstring): few, because each costs h5py
+    ~0.15 ms to create and as much to read, more than its bytes at these sizes."""
+    h5["offsets"] = np.concatenate(
+        [
+            _offsets([len(g) for g in groups]),
+            _offsets([len(s.prompt_token_ids) for s in samples]),
+            _offsets([len(s.response_token_ids) for s in samples]),
+        ]
+    )
+    scalars = [tuple(getattr(s, c) for c in SCALAR_COLUMNS) for s in samples]
+    h5["sample/scalars"] = np.array(scalars, dtype=SCALARS_DTYPE)
+    columns = {c: [getattr(s, c) for s in samples] for c in JSON_COLUMNS}
+    text = json.dumps(columns, sort_keys=True)
+    h5["sample/json"] = np.frombuffer(text.encode("utf-8"), dtype=np.uint8)
     h5["prompt/token_ids"] = _concat([s.prompt_token_ids for s in samples], np.int32)
-    h5["prompt/offsets"] = _offsets([len(s.prompt_token_ids) for s in samples])
     h5["response/token_ids"] = _concat([s.response_token_ids for s in samples], np.int32)
     h5["response/loss_mask"] = _concat([s.loss_mask for s in samples], np.uint8)
     h5["response/rollout_logprobs"] = _concat([s.rollout_logprobs for s in samples], np.float32)
-    h5["response/offsets"] = _offsets([len(s.response_token_ids) for s in samples])
     if any(s.images for s in samples):
         _put_array_list(h5, "images", [s.images for s in samples], np.uint8)
     if any(s.audio for s in samples):
@@ -278,8 +291,7 @@ def write_shard_file(
     with h5py.File(path, "x", userblock_size=SEAL_SIZE) as h5:
         h5.attrs.update(schema=SCHEMA_NAME, **dataclasses.asdict(header))
         datasets = _ChecksummedDatasets(h5)
-        datasets["groups/offsets"] = _offsets([len(g) for g in groups])
-        _write_samples(datasets, samples)
+        _write_samples(datasets, groups, samples)
         _write_group_media(datasets, groups)
         checksums = {**datasets.checksums, HEADER_CHECKSUM_KEY: _header_checksum(header)}
         h5.attrs[CHECKSUMS_ATTR] = json.dumps(checksums, sort_keys=True)
@@ -304,99 +316,8 @@ def _crc_to_end(handle) -> tuple[int, int]:
 
 
 # --- decoding ------------------------------------------------------------------------------------
-class _Columns:
-    """Reads datasets of an open shard, turning any h5py/shape problem into ShardCorruptError.
-
-    Every dataset read is checked against its CRC-32 in ``checksums``; ``check_all_read``
-    then makes sure no listed dataset was skipped (e.g. a damaged group name).
-    """
-
-    def __init__(self, h5: h5py.File, num_samples: int, checksums: dict[str, int]) -> None:
-        self._h5 = h5
-        self._num_samples = num_samples
-        self._checksums = checksums
-        self._verified: set[str] = set()
-
-    def array(self, name: str, dtype: type, length: int | None = None) -> np.ndarray:
-        try:
-            dataset = self._h5[name]
-        except KeyError:
-            raise ShardCorruptError(f"missing dataset {name!r}") from None
-        values = np.ascontiguousarray(dataset[()])
-        self._verify(name, values)
-        if values.ndim != 1 or (length is not None and len(values) != length):
-            raise ShardCorruptError(f"dataset {name!r} has shape {values.shape}, want ({length},)")
-        if values.dtype != dtype:
-            raise ShardCorruptError(f"dataset {name!r} has dtype {values.dtype}, want {dtype}")
-        values.flags.writeable = False
-        return values
-
-    def _verify(self, name: str, values: np.ndarray) -> None:
-        if name not in self._checksums:
-            raise ShardCorruptError(f"dataset {name!r} has no checksum")
-        computed = zlib.crc32(values)
-        if computed != self._checksums[name]:
-            raise ShardCorruptError(
-                f"payload checksum mismatch in dataset {name!r} (stored crc32 "
-                f"{self._checksums[name]:08x}, computed {computed:08x}): the shard's bytes "
-                "changed after it was written (storage or transfer fault)"
-            )
-        self._verified.add(name)
-
-    def check_all_read(self) -> None:
-        unread = sorted(set(self._checksums) - self._verified - {HEADER_CHECKSUM_KEY})
-        if unread:
-            raise ShardCorruptError(f"datasets {unread} have checksums but were not decoded")
-
-    def offsets(self, name: str, num_values: int | None, length: int | None = None) -> np.ndarray:
-        """Offsets ``(length,)`` (default N+1) partitioning ``num_values`` (None: any count)."""
-        length = self._num_samples + 1 if length is None else length
-        offsets = self.array(name, np.int64, length)
-        end_ok = num_values is None or offsets[-1] == num_values
-        if offsets[0] != 0 or not end_ok or np.any(np.diff(offsets) < 0):
-            raise ShardCorruptError(f"offsets {name!r} do not partition {num_values} values")
-        return offsets
-
-    def ragged(self, values_name: str, offsets_name: str, dtype: type) -> list[np.ndarray]:
-        values = self.array(values_name, dtype)
-        offsets = self.offsets(offsets_name, len(values))
-        return [values[a:b] for a, b in itertools.pairwise(offsets.tolist())]
-
-    def json_column(self, name: str, kind: type) -> list[Any]:
-        """A JSON array of N values of type ``kind``."""
-        blob = self.array(name, np.uint8)
-        try:
-            values = json.loads(blob.tobytes().decode("utf-8"))
-        except (UnicodeDecodeError, json.JSONDecodeError) as error:
-            raise ShardCorruptError(f"column {name!r} is not utf-8 JSON: {error}") from None
-        if not isinstance(values, list) or len(values) != self._num_samples:
-            raise ShardCorruptError(f"column {name!r} is not a list of {self._num_samples} values")
-        if not all(isinstance(v, kind) for v in values):
-            raise ShardCorruptError(f"column {name!r} holds values that are not {kind.__name__}")
-        return values
-
-    def array_lists(self, name: str, dtype: type) -> list[list[np.ndarray]]:
-        if name not in self._h5:
-            return [[] for _ in range(self._num_samples)]
-        values = self.array(f"{name}/values", dtype)
-        sample_offsets = self.offsets(f"{name}/sample_offsets", None)
-        num_arrays = int(sample_offsets[-1])
-        value_offsets = self.offsets(f"{name}/value_offsets", len(values), num_arrays + 1)
-        shapes = self.array(f"{name}/shapes", np.int64)
-        shape_offsets = self.offsets(f"{name}/shape_offsets", len(shapes), num_arrays + 1)
-        arrays = []
-        for i in range(num_arrays):
-            shape = tuple(shapes[shape_offsets[i] : shape_offsets[i + 1]].tolist())
-            flat = values[value_offsets[i] : value_offsets[i + 1]]
-            if int(np.prod(shape)) != flat.size:
-                raise ShardCorruptError(f"{name} array {i}: shape {shape} != {flat.size} values")
-            arrays.append(flat.reshape(shape))
-        bounds = itertools.pairwise(sample_offsets.tolist())
-        return [arrays[a:b] for a, b in bounds]
-
-
 def _read_group_media(
-    cols: _Columns, h5: h5py.File, group_sizes: Sequence[int]
+    cols: Columns, h5: h5py.File, group_sizes: Sequence[int]
 ) -> dict[tuple[int, int], MediaPayload]:
     """(group, sample or -1 for the whole group) -> its ``MediaPayload`` (empty without
     ``media/`` datasets)."""
@@ -404,7 +325,7 @@ def _read_group_media(
         return {}
     indices = cols.array("media/groups", np.int64).tolist()
     owners = _media_owners(cols, h5, indices, group_sizes)
-    metas = _json_list(cols.array("media/meta", np.uint8), "media/meta", len(indices))
+    metas = json_list(cols.array("media/meta", np.uint8), "media/meta", len(indices))
     image_values = cols.array("media/image/values", np.uint8)
     shapes = cols.array("media/image/shapes", np.int64)
     if len(shapes) % 3 or np.any(shapes[2::3] != 3) or np.any(shapes < 1):
@@ -435,7 +356,7 @@ def _read_group_media(
 
 
 def _media_owners(
-    cols: _Columns, h5: h5py.File, indices: list[int], group_sizes: Sequence[int]
+    cols: Columns, h5: h5py.File, indices: list[int], group_sizes: Sequence[int]
 ) -> list[tuple[int, int]]:
     """(group, sample) of each stored payload, checked: increasing, in range, and a whole
     group's payload alone in its group."""
@@ -462,16 +383,6 @@ def _payload(arrays: dict[str, np.ndarray], meta: Any) -> MediaPayload:
     for array in (*payload.images, *payload.audio):
         array.flags.writeable = False  # shared by a group's samples: nobody writes into it
     return payload
-
-
-def _json_list(blob: np.ndarray, name: str, length: int) -> list[Any]:
-    try:
-        values = json.loads(blob.tobytes().decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise ShardCorruptError(f"{name!r} is not utf-8 JSON: {error}") from None
-    if not isinstance(values, list) or len(values) != length:
-        raise ShardCorruptError(f"{name!r} is not a list of {length} values")
-    return values
 
 
 def _header(h5: h5py.File, source: str) -> ShardHeader:
@@ -537,36 +448,32 @@ def _stored_checksums(attrs: h5py.AttributeManager) -> dict[str, int]:
 
 def _read_groups(h5: h5py.File, header: ShardHeader) -> list[Group]:
     n = header.num_samples
-    cols = _Columns(h5, n, _stored_checksums(h5.attrs))  # the header's: checked
-    group_offsets = cols.offsets("groups/offsets", n, header.num_groups + 1)
-    jsons = {c: cols.json_column(f"sample/{c}", kind) for c, kind in _JSON_COLUMNS.items()}
-    scalars = {c: cols.array(f"sample/{c}", t, n).tolist() for c, t in _SCALAR_COLUMNS.items()}
-    prompts = cols.ragged("prompt/token_ids", "prompt/offsets", np.int32)
-    responses = cols.ragged("response/token_ids", "response/offsets", np.int32)
-    masks = cols.ragged("response/loss_mask", "response/offsets", np.uint8)
-    logprobs = cols.ragged("response/rollout_logprobs", "response/offsets", np.float32)
+    checksums = _stored_checksums(h5.attrs)  # the header's: checked
+    checksums.pop(HEADER_CHECKSUM_KEY)  # held: _header checked it
+    cols = Columns(h5, n, checksums)
+    text = TEXT_READERS[header.schema_version](cols, n, header.num_groups)
     images = cols.array_lists("images", np.uint8)
     waveforms = cols.array_lists("audio", np.float32)
     num_clips = sum(len(w) for w in waveforms)
     rates = cols.array("audio/sample_rate_hz", np.int64, num_clips).tolist() if num_clips else []
-    group_sizes = np.diff(group_offsets).tolist()
+    group_sizes = np.diff(text.group_offsets).tolist()
     media = _read_group_media(cols, h5, group_sizes)
     cols.check_all_read()  # before any sample is built: a shard is never half-trusted
     rate_iter = iter(rates)
     samples = [
         Sample(
-            **{c: jsons[c][i] for c in _JSON_COLUMNS},
-            **{c: scalars[c][i] for c in _SCALAR_COLUMNS},
-            prompt_token_ids=prompts[i],
-            response_token_ids=responses[i],
-            loss_mask=masks[i],
-            rollout_logprobs=logprobs[i],
+            **{c: text.jsons[c][i] for c in JSON_COLUMNS},
+            **{c: text.scalars[c][i] for c in SCALAR_COLUMNS},
+            prompt_token_ids=text.prompts[i],
+            response_token_ids=text.responses[i],
+            loss_mask=text.masks[i],
+            rollout_logprobs=text.logprobs[i],
             images=images[i],
             audio=[AudioClip(w, next(rate_iter)) for w in waveforms[i]],
         )
         for i in range(n)
     ]
-    groups = [samples[a:b] for a, b in itertools.pairwise(group_offsets.tolist())]
+    groups = [samples[a:b] for a, b in itertools.pairwise(text.group_offsets.tolist())]
     for (index, j), payload in media.items():
         for sample in groups[index] if j == -1 else [groups[index][j]]:
             sample.media = payload  # one object per group (or sample), as the writer had it

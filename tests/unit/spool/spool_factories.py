@@ -104,6 +104,13 @@ def assert_samples_equal(actual: Sample, expected: Sample) -> None:
             for x, y in zip(a, e, strict=True):
                 assert x.waveform.dtype == np.float32 and x.waveform.shape == y.waveform.shape
                 np.testing.assert_array_equal(x.waveform, y.waveform)
+        elif field.name == "media":
+            assert (a is None) == (e is None), field.name
+            if e is not None:
+                assert (a.sampling_rate_hz, a.fingerprint) == (e.sampling_rate_hz, e.fingerprint)
+                for x, y in zip((*a.images, *a.audio), (*e.images, *e.audio), strict=True):
+                    assert x.dtype == y.dtype
+                    np.testing.assert_array_equal(x, y)
         else:
             assert a == e, field.name
 

@@ -21,30 +21,15 @@ from relax_hpc.spool.format import read_shard, seal, write_shard_file
 from relax_hpc.spool.layout import SpoolLayout
 from relax_hpc.spool.quarantine import list_quarantined
 
-# The datasets of a text shard (schema version 2 as written before group media existed).
+# The datasets of a text shard (schema version 3; version 2's are in test_spool_schema_v2.py).
 TEXT_DATASETS = [
-    "groups/offsets",
-    "prompt/offsets",
+    "offsets",
     "prompt/token_ids",
     "response/loss_mask",
-    "response/offsets",
     "response/rollout_logprobs",
     "response/token_ids",
-    *(
-        f"sample/{c}"
-        for c in (
-            "data_index",
-            "finish_reason",
-            "group_id",
-            "metadata",
-            "num_turns",
-            "policy_version",
-            "reward",
-            "reward_details",
-            "sample_id",
-            "timings_s",
-        )
-    ),
+    "sample/json",
+    "sample/scalars",
 ]
 MEDIA_DATASETS = [
     "media/audio/lengths",

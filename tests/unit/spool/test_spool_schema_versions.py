@@ -1,0 +1,300 @@
+"""Schema versions: writers write version 3 only; the reader reads version 2 shards (written
+by relax_hpc before version 3, ``tests/data/spool/shard_v2.h5``) field for field, as strictly
+as before, so a run started before an upgrade resumes after it; a newer version is refused
+with the same message as always."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import shutil
+import zlib
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+from spool_factories import assert_samples_equal, make_full_sample, make_group, rewritten
+from spool_v2_fixture import V2_CREATED_UNIX_S, V2_SHARD_PATH, V2_WRITER_ID, v2_fixture_groups
+
+from relax_hpc.spool import (
+    ShardCorruptError,
+    ShardVersionError,
+    ShardWriter,
+    SpoolConfig,
+    SpoolReader,
+)
+from relax_hpc.spool.format import (
+    CHECKSUMS_ATTR,
+    MIN_SCHEMA_VERSION,
+    SCHEMA_VERSION,
+    read_header,
+    read_shard,
+    seal,
+    write_shard_file,
+)
+from relax_hpc.spool.layout import SpoolLayout
+
+V2_TEXT_DATASETS = [
+    "groups/offsets",
+    "prompt/offsets",
+    "prompt/token_ids",
+    "response/loss_mask",
+    "response/offsets",
+    "response/rollout_logprobs",
+    "response/token_ids",
+    *(
+        f"sample/{c}"
+        for c in (
+            "data_index",
+            "finish_reason",
+            "group_id",
+            "metadata",
+            "num_turns",
+            "policy_version",
+            "reward",
+            "reward_details",
+            "sample_id",
+            "timings_s",
+        )
+    ),
+]
+
+
+def _dataset_names(path: Path) -> list[str]:
+    names: list[str] = []
+    with h5py.File(path, "r") as h5:
+        h5.visititems(lambda n, obj: names.append(n) if isinstance(obj, h5py.Dataset) else None)
+    return sorted(names)
+
+
+def _v2_copy(tmp_path: Path, name: str = "s.h5") -> Path:
+    path = tmp_path / name
+    shutil.copyfile(V2_SHARD_PATH, path)
+    path.chmod(0o644)
+    return path
+
+
+def _assert_groups_equal(got: list, want: list) -> None:
+    assert [len(g) for g in got] == [len(g) for g in want]
+    for a, e in zip([s for g in got for s in g], [s for g in want for s in g], strict=True):
+        assert_samples_equal(a, e)
+
+
+def test_writers_write_version_3_and_readers_accept_2_and_3() -> None:
+    assert (MIN_SCHEMA_VERSION, SCHEMA_VERSION) == (2, 3)
+
+
+def test_the_fixture_is_a_version_2_shard_of_every_kind_of_field() -> None:
+    assert read_header(V2_SHARD_PATH).schema_version == 2
+    names = _dataset_names(V2_SHARD_PATH)
+    assert set(V2_TEXT_DATASETS) <= set(names)
+    assert {"images/values", "audio/sample_rate_hz", "media/groups", "media/samples"} <= set(names)
+
+
+def test_a_version_2_shard_reads_back_every_field_equal() -> None:
+    header, got = read_shard(V2_SHARD_PATH)
+    assert (header.schema_version, header.writer_id) == (2, V2_WRITER_ID)
+    assert header.created_unix_s == V2_CREATED_UNIX_S
+    assert (header.num_groups, header.num_samples) == (4, 10)
+    assert (header.min_policy_version, header.max_policy_version) == (5, 7)
+    want = v2_fixture_groups()
+    _assert_groups_equal(got, want)
+    full, text, shared, own = got
+    assert all(s.media is shared[0].media for s in shared)  # one object per group, as written
+    assert [s.media is None for s in own] == [False, True, False]
+    assert not full[0].response_token_ids.flags.writeable
+
+
+def test_a_version_3_shard_of_the_same_groups_reads_back_the_same(tmp_path: Path) -> None:
+    path = tmp_path / "v3.h5"
+    write_shard_file(path, v2_fixture_groups(), V2_WRITER_ID, V2_CREATED_UNIX_S)
+    header, got = read_shard(path)
+    v2_header, v2_got = read_shard(V2_SHARD_PATH)
+    assert header == dataclasses.replace(v2_header, schema_version=3)
+    _assert_groups_equal(got, v2_got)
+    assert len(_dataset_names(path)) < len(_dataset_names(V2_SHARD_PATH)) - 9
+
+
+def test_a_spool_holding_version_2_shards_resumes_after_the_upgrade(tmp_path: Path) -> None:
+    """ready/ holds a shard the old writer published; the upgraded writer publishes after it;
+    the upgraded reader delivers both, in publish order, every field as written."""
+    writer = ShardWriter(tmp_path, "rollout.v3")
+    old_name = "1765000000500-rollout.v2-000000-0a1b2c3d-v5-g4-s10.h5"
+    shutil.copyfile(V2_SHARD_PATH, SpoolLayout(tmp_path).ready_dir / old_name)
+    after = [make_group("after", 2, policy_version=8)]
+    writer.publish(after)
+    reader = SpoolReader(tmp_path, SpoolConfig(poll_s=0.01))
+    got = reader.next_batch(5, policy_version=8, timeout_s=60)
+    _assert_groups_equal(got, [*v2_fixture_groups(), *after])
+
+
+def _flip_stored_byte(path: Path, dataset: str) -> None:
+    with h5py.File(path, "r") as h5:
+        offset = h5[dataset].id.get_offset() + h5[dataset].id.get_storage_size() // 2
+    with open(path, "r+b") as handle:
+        handle.seek(offset)
+        byte = handle.read(1)[0]
+        handle.seek(offset)
+        handle.write(bytes([byte ^ 0x10]))
+    seal(path)  # as if flipped before the seal: the dataset's own CRC must catch it
+
+
+@pytest.mark.parametrize("source", ["v2", "v3"])
+def test_a_flipped_byte_in_any_dataset_of_either_version_is_named(
+    tmp_path: Path, source: str
+) -> None:
+    if source == "v2":
+        pristine = _v2_copy(tmp_path, "pristine.h5")
+    else:
+        pristine = tmp_path / "pristine.h5"
+        write_shard_file(pristine, v2_fixture_groups(), V2_WRITER_ID, V2_CREATED_UNIX_S)
+    missed = []
+    for dataset in _dataset_names(pristine):
+        path = tmp_path / "s.h5"
+        shutil.copyfile(pristine, path)
+        _flip_stored_byte(path, dataset)
+        try:
+            read_shard(path)
+            missed.append(dataset)
+        except ShardCorruptError as error:
+            assert f"checksum mismatch in dataset '{dataset}'" in str(error)
+    assert missed == []
+
+
+def _replace(h5: h5py.File, name: str, values: np.ndarray) -> None:
+    """Replace a dataset and store its new checksum, as a buggy writer would have: only the
+    reader's structural checks stand between it and the trainer."""
+    del h5[name]
+    h5[name] = values
+    checksums = json.loads(h5.attrs[CHECKSUMS_ATTR])
+    checksums[name] = zlib.crc32(np.ascontiguousarray(values))
+    h5.attrs[CHECKSUMS_ATTR] = json.dumps(checksums, sort_keys=True)
+
+
+def _json_bytes(value) -> np.ndarray:
+    return np.frombuffer(json.dumps(value).encode(), dtype=np.uint8)
+
+
+def _v2_missing_dataset(h5: h5py.File) -> str:
+    del h5["response/loss_mask"]
+    return "missing dataset 'response/loss_mask'"
+
+
+def _v2_offsets(h5: h5py.File) -> str:
+    offsets = h5["response/offsets"][()]
+    offsets[1] = offsets[-1] + 5
+    _replace(h5, "response/offsets", offsets)
+    return "offsets 'response/offsets' do not partition"
+
+
+def _v2_dtype(h5: h5py.File) -> str:
+    _replace(h5, "prompt/token_ids", h5["prompt/token_ids"][()].astype(np.float64))
+    return "dataset 'prompt/token_ids' has dtype float64"
+
+
+def _v2_json(h5: h5py.File) -> str:
+    _replace(h5, "sample/metadata", np.frombuffer(b"}{", dtype=np.uint8))
+    return "column 'sample/metadata' is not utf-8 JSON"
+
+
+def _v2_json_types(h5: h5py.File) -> str:
+    _replace(h5, "sample/sample_id", _json_bytes(list(range(10))))
+    return "column 'sample/sample_id' holds values that are not str"
+
+
+def _v3_offsets(h5: h5py.File) -> str:
+    offsets = h5["offsets"][()]
+    offsets[-2] = offsets[-1] + 5
+    _replace(h5, "offsets", offsets)
+    return "offsets 'offsets' \\(response\\) do not partition"
+
+
+def _v3_scalars_dtype(h5: h5py.File) -> str:
+    scalars = h5["sample/scalars"][()]
+    wrong = np.dtype([(n, np.int64) for n in scalars.dtype.names])
+    _replace(h5, "sample/scalars", scalars.astype(wrong))
+    return "dataset 'sample/scalars' has dtype"
+
+
+def _v3_json(h5: h5py.File) -> str:
+    _replace(h5, "sample/json", np.frombuffer(b"\xff{", dtype=np.uint8))
+    return "'sample/json' is not utf-8 JSON"
+
+
+def _v3_json_columns(h5: h5py.File) -> str:
+    columns = json.loads(h5["sample/json"][()].tobytes())
+    del columns["metadata"]
+    _replace(h5, "sample/json", _json_bytes(columns))
+    return "'sample/json' is not an object of the columns"
+
+
+def _v3_json_types(h5: h5py.File) -> str:
+    columns = json.loads(h5["sample/json"][()].tobytes())
+    columns["sample_id"] = list(range(len(columns["sample_id"])))
+    _replace(h5, "sample/json", _json_bytes(columns))
+    return "column 'sample_id' of 'sample/json' holds values that are not str"
+
+
+def _v3_json_length(h5: h5py.File) -> str:
+    columns = json.loads(h5["sample/json"][()].tobytes())
+    columns["group_id"] = columns["group_id"][:-1]
+    _replace(h5, "sample/json", _json_bytes(columns))
+    return "column 'group_id' of 'sample/json' is not a list of 10 values"
+
+
+@pytest.mark.parametrize(
+    "corrupt",
+    [
+        _v2_missing_dataset,
+        _v2_offsets,
+        _v2_dtype,
+        _v2_json,
+        _v2_json_types,
+        _v3_offsets,
+        _v3_scalars_dtype,
+        _v3_json,
+        _v3_json_columns,
+        _v3_json_types,
+        _v3_json_length,
+    ],
+)
+def test_structural_damage_behind_valid_checksums_is_refused(tmp_path: Path, corrupt) -> None:
+    if corrupt.__name__.startswith("_v2"):
+        path = _v2_copy(tmp_path)
+    else:
+        path = tmp_path / "s.h5"
+        write_shard_file(path, v2_fixture_groups(), V2_WRITER_ID, V2_CREATED_UNIX_S)
+    with rewritten(path) as h5:
+        message = corrupt(h5)
+    with pytest.raises(ShardCorruptError, match=f"s.h5: .*{message}"):
+        read_shard(path)
+
+
+@pytest.mark.parametrize("source", ["v2", "v3"])
+def test_a_header_above_the_schema_version_is_refused_as_before(
+    tmp_path: Path, source: str
+) -> None:
+    if source == "v2":
+        path = _v2_copy(tmp_path)
+    else:
+        path = tmp_path / "s.h5"
+        write_shard_file(path, [make_group("g")], "w0", 0.0)
+    with rewritten(path, header_checksum=True) as h5:  # a writer of a newer version
+        h5.attrs["schema_version"] = SCHEMA_VERSION + 1
+    message = (
+        f"s.h5: shard schema_version {SCHEMA_VERSION + 1} is newer than this code reads "
+        f"(<= {SCHEMA_VERSION}); run the same relax_hpc version on trainer and rollout"
+    )
+    for read in (read_shard, read_header):
+        with pytest.raises(ShardVersionError) as caught:
+            read(path)
+        assert str(caught.value) == message
+
+
+def test_every_field_of_full_samples_round_trips_in_version_3(tmp_path: Path) -> None:
+    groups = [[make_full_sample(f"f{k}", "f", seed=k) for k in range(3)], make_group("t", 2)]
+    path = tmp_path / "s.h5"
+    write_shard_file(path, groups, "w0", 0.0)
+    _, got = read_shard(path)
+    _assert_groups_equal(got, groups)
