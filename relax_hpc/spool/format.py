@@ -516,6 +516,8 @@ def _open(path: Path) -> h5py.File:
     except FileNotFoundError:
         raise
     except (OSError, ValueError) as error:
+        if not path.exists():  # renamed (claimed, collected) after its seal was read
+            raise FileNotFoundError(f"{path}: gone before HDF5 opened it") from None
         raise ShardCorruptError(f"{path.name}: unreadable HDF5 ({error})") from None
     if not sealed and h5.userblock_size:
         h5.close()  # it was sealed: the magic itself is damaged

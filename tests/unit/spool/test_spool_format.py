@@ -21,6 +21,7 @@ from spool_factories import (
 )
 
 from relax_hpc.spool import SCHEMA_VERSION, AudioClip, ShardCorruptError, ShardVersionError
+from relax_hpc.spool import format as format_module
 from relax_hpc.spool.format import SEAL_SIZE, read_header, read_shard, seal, write_shard_file
 
 
@@ -324,3 +325,25 @@ def test_a_sealed_file_with_a_damaged_magic_is_refused(tmp_path: Path) -> None:
     path.write_bytes(data)
     with pytest.raises(ShardCorruptError, match="seal is damaged"):
         read_shard(path)
+
+
+def test_a_shard_renamed_between_its_seal_and_the_hdf5_open_is_gone_not_corrupt(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A shard claimed after its seal was checked and before libhdf5 opened it moved; it is
+    intact: the reader's FileNotFoundError, never a quarantine. (Renamed inside libhdf5's
+    open, after its open and before its stat, the library says "can't retrieve stat info";
+    ``_open`` maps that to FileNotFoundError too: tests/dist/test_spool_crash.py's observer.)"""
+    path = _write(tmp_path / "s.h5", [make_group("g")])
+    check_seal = format_module._check_seal
+
+    def check_then_claim(checked: Path) -> bool:
+        sealed = check_seal(checked)
+        checked.rename(tmp_path / "claimed.h5")  # the consumer's claim, in the window
+        return sealed
+
+    monkeypatch.setattr(format_module, "_check_seal", check_then_claim)
+    with pytest.raises(FileNotFoundError):
+        read_shard(path)
+    monkeypatch.undo()
+    assert read_shard(tmp_path / "claimed.h5")[0].num_groups == 1
