@@ -168,11 +168,23 @@ def _claim_until(root, worker: str, batches: int, lease_s: float, log_path, die_
 @pytest.mark.parametrize("die_after", [None, 3], ids=["all-live", "one-sigkilled"])
 def test_racing_processes_generate_every_group_once(tmp_path, die_after):
     root, batches = tmp_path / "assign", 12
+    # A live worker whose heartbeat thread is starved past the lease loses its chunk to
+    # another (generated twice, by design): with nobody dying the lease is long; with a
+    # SIGKILLed worker it is what the others wait before taking its chunk over, long enough
+    # that a loaded machine (load 10-16 seen) does not starve the live ones' heartbeats.
+    lease_s = 30.0 if die_after is None else 3.0
     context = multiprocessing.get_context("fork")
     workers = [
         context.Process(
             target=_claim_until,
-            args=(root, f"r{i}", batches, 0.5, tmp_path / f"r{i}.log", die_after if i == 1 else -1),
+            args=(
+                root,
+                f"r{i}",
+                batches,
+                lease_s,
+                tmp_path / f"r{i}.log",
+                die_after if i == 1 else -1,
+            ),
         )
         for i in range(3)
     ]
