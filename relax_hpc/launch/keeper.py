@@ -120,14 +120,22 @@ class TaskKeeper:
     def _watch(self) -> tuple[int, str]:
         """Until the worker exits: its exit code, and why it ended."""
         assert self.child is not None
-        while (code := self.child.poll()) is None:
+        while (code := self._wait_for_exit(self.policy.poll_s)) is None:
             why = self._hung_or_requested()
             if why is not None and self.stopping is None:
                 self._say(f"{why}: killing the worker (pid {self.child.pid})")
                 self.child.kill()  # SIGKILL ends a stopped process too
                 return self.child.wait(), why
-            time.sleep(self.policy.poll_s)
         return code, f"exited with {code}"
+
+    def _wait_for_exit(self, timeout_s: float) -> int | None:
+        """The worker's exit code as soon as it exits (a run's end, a restart, waits for
+        no poll tick), or None after ``timeout_s`` (a signal handler runs meanwhile)."""
+        assert self.child is not None
+        try:
+            return self.child.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            return None
 
     def _hung_or_requested(self) -> str | None:
         request = self.paths.restart_request(self.worker)
