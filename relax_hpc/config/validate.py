@@ -367,12 +367,13 @@ def _check_weightsync_transport(cfg: RunConfig) -> None:
             "sglang_distributed puts trainer rank 0 and an SGLang worker on the same GPU in "
             "mode=sync, which NCCL refuses; use weightsync.transport=buckets for co-located runs",
         )
-    if sync.background_send and (cfg.mode != "async" or sync.transport != "buckets"):
+    # Only async mode sends in the background (sync and hybrid wait for the version anyway:
+    # there the setting has no effect, so that +experiment=grpo_tiny mode=sync just works).
+    if sync.background_send and cfg.mode == "async" and sync.transport != "buckets":
         raise ConfigError(
             "weightsync.background_send",
-            "a send overlapped with training helps only mode=async (sync and hybrid modes wait "
-            "for the version anyway) and needs transport=buckets (got mode="
-            f"{cfg.mode!r}, transport={sync.transport!r}); set weightsync.background_send=false",
+            "a send overlapped with training needs transport=buckets (got "
+            f"transport={sync.transport!r}); set weightsync.background_send=false",
         )
     if sync.transport == "buckets" and sync.backend == "nccl":
         raise ConfigError(

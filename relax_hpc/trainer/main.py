@@ -103,7 +103,7 @@ def _train(cfg: RunConfig, paths: RunPaths, identity: TaskIdentity, device: torc
             "weightsync/dropped": float(len(report.dropped)),
         }
 
-    publisher = BackgroundPublisher(sync) if cfg.weightsync.background_send else None
+    publisher = background_publisher(cfg, sync)
 
     def publish_weights(policy_version: int, only: list[str] | None = None) -> dict[str, float]:
         weights = backend.policy_weights()  # collective
@@ -149,6 +149,18 @@ def _train(cfg: RunConfig, paths: RunPaths, identity: TaskIdentity, device: torc
     if sender is not None:
         sender.close()
     return exit_code
+
+
+def background_publisher(cfg: RunConfig, sync) -> BackgroundPublisher | None:
+    """``weightsync.background_send``'s publisher, in async mode only: sync and hybrid
+    modes wait for each version before generating with it, so a send beside training would
+    gain nothing there (said once, so that the setting is not silently ignored)."""
+    if not cfg.weightsync.background_send:
+        return None
+    if cfg.mode != "async":
+        log.info("weightsync: background_send has no effect in mode=%s (async only)", cfg.mode)
+        return None
+    return BackgroundPublisher(sync)
 
 
 def _catch_up_joiners(sender, trainer: Trainer, publish_weights, publisher=None) -> None:

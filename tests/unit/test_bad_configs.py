@@ -119,9 +119,14 @@ BAD_CONFIGS = [
     ),
     pytest.param(TINY + ["weightsync.backend=nccl"], "weightsync.backend", id="nccl-buckets"),
     pytest.param(
-        TINY + ["mode=sync", "max_staleness=0", "weightsync.background_send=true"],
+        [
+            "+experiment=grpo_qwen3",
+            "dry_run=true",
+            "weightsync.transport=sglang_distributed",
+            "weightsync.background_send=true",
+        ],
         "weightsync.background_send",
-        id="background-send-in-sync-mode",
+        id="background-send-without-buckets",
     ),
     pytest.param(
         TINY + ["weightsync.busy_floor_s=4000"], "weightsync.busy_floor_s", id="floor-over-busy"

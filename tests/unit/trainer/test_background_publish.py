@@ -114,3 +114,30 @@ def test_a_failed_send_is_raised_by_the_next_publish_and_by_wait():
     with pytest.raises(RuntimeError, match="version 3"):
         publisher.wait()
     assert calls == [1, 3]
+
+
+@pytest.mark.parametrize(
+    ("overrides", "in_background"),
+    [
+        ([], True),  # grpo_tiny: async, background_send on
+        (["weightsync.background_send=false"], False),
+        (["mode=sync", "max_staleness=0"], False),
+        (["mode=hybrid", "max_staleness=0"], False),
+    ],
+    ids=["grpo_tiny", "off", "sync", "hybrid"],
+)
+def test_only_async_runs_send_in_the_background(overrides, in_background, caplog):
+    """grpo_tiny turns background_send on; sync and hybrid runs of it are accepted (they wait
+    for each version anyway) and publish between steps, saying so once."""
+    from relax_hpc.config import validate_run_config
+    from relax_hpc.config.compose import compose_run_config
+    from relax_hpc.trainer.main import background_publisher
+
+    caplog.set_level("INFO", logger="relax_hpc.trainer.main")
+    cfg = compose_run_config(["+experiment=grpo_tiny", *overrides])
+    validate_run_config(cfg)
+    publisher = background_publisher(cfg, lambda *args: {})
+    assert isinstance(publisher, BackgroundPublisher) is in_background
+    said = "background_send has no effect in mode=" in caplog.text
+    assert said is (cfg.weightsync.background_send and not in_background)
+    assert publisher is None or publisher.wait() == {}  # nothing in flight yet
