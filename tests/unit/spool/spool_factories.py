@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import shutil
 import zlib
 from collections.abc import Iterator
 from pathlib import Path
@@ -128,3 +129,47 @@ def rewritten(path: Path, header_checksum: bool = False) -> Iterator[h5py.File]:
             checksums[HEADER_CHECKSUM_KEY] = _header_checksum(header)
             h5.attrs[CHECKSUMS_ATTR] = json.dumps(checksums, sort_keys=True)
     seal(path)
+
+
+def dataset_names(path: Path) -> list[str]:
+    """Every HDF5 dataset of the shard at ``path``, sorted."""
+    names: list[str] = []
+    with h5py.File(path, "r") as h5:
+        h5.visititems(lambda n, obj: names.append(n) if isinstance(obj, h5py.Dataset) else None)
+    return sorted(names)
+
+
+def flip_stored_byte(path: Path, dataset: str) -> None:
+    """Flip one bit of ``dataset``'s stored bytes in the file itself (not through HDF5),
+    then seal the file again: as if flipped before the seal, so only the dataset's own CRC
+    can catch it."""
+    with h5py.File(path, "r") as h5:
+        offset = h5[dataset].id.get_offset()
+        size = h5[dataset].id.get_storage_size()
+    assert offset is not None and size > 0, dataset
+    with open(path, "r+b") as handle:
+        handle.seek(offset + size // 2)
+        byte = handle.read(1)
+        handle.seek(offset + size // 2)
+        handle.write(bytes([byte[0] ^ 0x10]))
+    seal(path)
+
+
+def datasets_a_flip_goes_unnoticed_in(pristine: Path, scratch: Path) -> list[str]:
+    """The datasets of ``pristine`` whose flipped byte ``read_shard`` delivers silently
+    (a copy per dataset in ``scratch``); each caught flip must name its dataset."""
+    from relax_hpc.spool import ShardCorruptError
+    from relax_hpc.spool.format import read_shard
+
+    missed = []
+    for dataset in dataset_names(pristine):
+        path = scratch / "flipped.h5"
+        shutil.copyfile(pristine, path)
+        flip_stored_byte(path, dataset)
+        try:
+            read_shard(path)
+            missed.append(dataset)
+        except ShardCorruptError as error:
+            assert f"checksum mismatch in dataset '{dataset}'" in str(error)
+    return missed
+
