@@ -13,12 +13,13 @@ from pathlib import Path
 import h5py
 import numpy as np
 
-from relax_hpc.spool import AudioClip, Sample
+from relax_hpc.spool import AudioClip, Sample, ShardCorruptError
 from relax_hpc.spool.format import (
     CHECKSUMS_ATTR,
     HEADER_CHECKSUM_KEY,
     _header_checksum,
     _header_fields,
+    read_shard,
     seal,
 )
 
@@ -158,9 +159,6 @@ def flip_stored_byte(path: Path, dataset: str) -> None:
 def datasets_a_flip_goes_unnoticed_in(pristine: Path, scratch: Path) -> list[str]:
     """The datasets of ``pristine`` whose flipped byte ``read_shard`` delivers silently
     (a copy per dataset in ``scratch``); each caught flip must name its dataset."""
-    from relax_hpc.spool import ShardCorruptError
-    from relax_hpc.spool.format import read_shard
-
     missed = []
     for dataset in dataset_names(pristine):
         path = scratch / "flipped.h5"
