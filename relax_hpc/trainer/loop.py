@@ -217,7 +217,8 @@ class Trainer:
             return
         with self.timer.phase("checkpoint"):
             state = self.checkpoint_state(self.store.partial_dir(step), saving=True)
-            self.store.save(step, state, facts={"policy_version": step})
+            saved = self.store.save(step, state, facts={"policy_version": step})
+            log.info("trainer: checkpoint of step %d saved to %s", step, saved)
             if self.reader is not None:
                 self.reader.on_checkpoint_complete(step)
         self.checkpointed_step = step

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -16,6 +18,7 @@ from typing import TypeVar
 
 from run_checks import trained_and_published
 
+from relax_hpc.checkpoint.store import latest_checkpoint
 from relax_hpc.paths import RunPaths, read_json
 
 REPO = Path(__file__).resolve().parents[2]
@@ -111,7 +114,7 @@ def scalars(folder: Path) -> dict[str, list[float]]:
     }
 
 
-def wait_for_step(status_path, step: int, process, timeout_s: float) -> None:
+def wait_for_step(status_path, step: int, process, timeout_s: float, poll_s: float = 0.2) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         assert process.poll() is None, "the run ended before the trainer was killed"
@@ -120,7 +123,7 @@ def wait_for_step(status_path, step: int, process, timeout_s: float) -> None:
                 return
         except (FileNotFoundError, ValueError, KeyError):
             pass
-        time.sleep(0.2)
+        time.sleep(poll_s)
     raise AssertionError(f"the trainer did not reach step {step} in {timeout_s} s")
 
 
@@ -141,6 +144,14 @@ def run_task_pids(run_dir) -> list[int]:
     return [int(pid) for pid in found.stdout.split()]
 
 
+@dataclasses.dataclass(frozen=True)
+class KilledThenResumed:
+    """A run whose trainer was SIGKILLed, then resumed by a second ``submit``."""
+
+    result: subprocess.CompletedProcess  # the resumed submit
+    checkpoint_step: int  # the last complete checkpoint on disk once the trainer was dead
+
+
 def sigkill_trainer_then_resume(
     run_dir: Path,
     overrides: list[str],
@@ -148,18 +159,28 @@ def sigkill_trainer_then_resume(
     experiment: str = "grpo_tiny",
     kill_at_step: int = 4,
     resume_overrides: list[str] | None = None,
-) -> subprocess.CompletedProcess:
+) -> KilledThenResumed:
     """Run ``submit``, SIGKILL the trainer once it reached ``kill_at_step`` (no warning, no
     final checkpoint), then ``submit ... resume=auto`` (with ``resume_overrides``, default
-    the same overrides): the second submit's result."""
+    the same overrides). Steps of a tiny run take tens of ms, so the kill lands a step or
+    more later than asked: the resume is checked against the checkpoint on disk then, not
+    against a step fixed in advance. The run needs enough steps after ``kill_at_step`` that
+    it cannot finish first."""
     paths = RunPaths(run_dir)
     first = start_submit(run_dir, *overrides, experiment=experiment)
-    wait_for_step(paths.trainer_status, kill_at_step, first, timeout_s=600)
+    wait_for_step(paths.trainer_status, kill_at_step, first, timeout_s=600, poll_s=0.02)
     os.kill(read_json(paths.rendezvous_dir / "trainer.json")["pid"], signal.SIGKILL)
     _, stderr = first.communicate(timeout=300)
-    assert first.returncode != 0 and "trainer[0] exited with -9" in stderr
+    killed = first.returncode != 0 and "trainer[0] exited with -9" in stderr
+    report = failure_report(
+        subprocess.CompletedProcess(first.args, first.returncode, "", stderr), run_dir
+    )
+    assert killed, f"the trainer was not killed (did the run finish first?)\n{report}"
+    checkpoint = latest_checkpoint(paths)
+    assert checkpoint is not None, f"no checkpoint before the kill\n{report}"
     again = overrides if resume_overrides is None else resume_overrides
-    return submit(run_dir, *again, "resume=auto", experiment=experiment, timeout_s=600)
+    second = submit(run_dir, *again, "resume=auto", experiment=experiment, timeout_s=600)
+    return KilledThenResumed(second, checkpoint.step)
 
 
 def submit_side_by_side(
@@ -317,42 +338,44 @@ def learns_from_media_not_blank(
     assert rollout["data/train_rows_skipped"][-1] == 0
 
 
-def sigkilled_media_run(
-    run_dir: Path, small: list[str], experiment: str
-) -> subprocess.CompletedProcess:
+MEDIA_RUN_STEPS = 6  # the steps of ``sigkilled_media_run``: killed at 4, checkpoints every 3
+
+
+def sigkilled_media_run(run_dir: Path, small: list[str], experiment: str) -> KilledThenResumed:
     """A media run whose trainer is SIGKILLed at step 4 of 6 (checkpoints every 3 steps),
-    then resumed: the resumed submit's result, for ``check_sigkilled_media_run``."""
+    then resumed, for ``check_sigkilled_media_run``."""
     overrides = [
         *small,
-        "trainer.total_steps=6",
+        f"trainer.total_steps={MEDIA_RUN_STEPS}",
         "trainer.checkpoint_interval_steps=3",
         "cluster.max_restarts=0",
     ]
     return sigkill_trainer_then_resume(run_dir, overrides, experiment=experiment)
 
 
-def check_resumed_at_step_3_and_trained_once(run_dir: Path, second: subprocess.CompletedProcess):
-    """A 6-step run whose trainer was SIGKILLed after the checkpoint of step 3 (``second``:
-    the resumed submit) resumed from that checkpoint, and every sample of the consumed shards
-    was trained once: (trained ids per step, published samples)."""
+def check_resumed_and_trained_once(run_dir: Path, run: KilledThenResumed, total_steps: int):
+    """A run of ``sigkill_trainer_then_resume`` resumed from the checkpoint that was the last
+    complete one when its trainer died, trained to ``total_steps``, and every sample of the
+    consumed shards was trained once: (trained ids per step, published samples)."""
     from relax_hpc.spool import check_exactly_once
 
     paths = RunPaths(run_dir)
-    assert second.returncode == 0, failure_report(second, run_dir)
+    assert run.result.returncode == 0, failure_report(run.result, run_dir)
     log = paths.task_log("trainer", 0).read_text()
-    assert "resumed from" in log and "step 3)" in log and "step 6/6" in log
+    assert re.findall(r"resumed from \S+ \(step (\d+)\)", log) == [str(run.checkpoint_step)]
+    assert f"step {total_steps}/{total_steps}" in log
     trained, samples = trained_and_published(paths)
-    assert len(trained) == 6
+    assert len(trained) == total_steps
     published = {s.sample_id for s in samples}
     assert not check_exactly_once(published | {s for step in trained for s in step}, trained)
     return trained, samples
 
 
-def check_sigkilled_media_run(run_dir: Path, second: subprocess.CompletedProcess, media: str):
+def check_sigkilled_media_run(run_dir: Path, run: KilledThenResumed, media: str):
     """The run of ``sigkilled_media_run`` (``media``: ``images`` or ``audio``) resumed from
-    the checkpoint of step 3, and every sample of the consumed shards is trained once, each
-    with its ``media``."""
-    trained, samples = check_resumed_at_step_3_and_trained_once(run_dir, second)
+    its last checkpoint, and every sample of the consumed shards is trained once, each with
+    its ``media``."""
+    trained, samples = check_resumed_and_trained_once(run_dir, run, MEDIA_RUN_STEPS)
     published = {s.sample_id for s in samples}
     trained_ids = {s for step in trained for s in step}
     with_media = {s.sample_id for s in samples if s.media is not None and getattr(s.media, media)}

@@ -10,6 +10,7 @@ import pytest
 import torch
 from e2e_helpers import (
     REPO,
+    check_resumed_and_trained_once,
     eval_history,
     failure_report,
     is_running,
@@ -25,7 +26,7 @@ from e2e_helpers import (
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from relax_hpc.paths import RunPaths, read_json
-from relax_hpc.spool import check_exactly_once, read_shard
+from relax_hpc.spool import check_exactly_once
 
 pytestmark = pytest.mark.slow
 
@@ -214,19 +215,8 @@ def result_of(request, tmp_path_factory):
 
 
 def test_sigkilled_trainer_resumes_from_the_last_checkpoint(its_run):
-    run_dir, second = its_run
-    paths = RunPaths(run_dir)
-    assert second.returncode == 0, failure_report(second, run_dir)
-    log = paths.task_log("trainer", 0).read_text()
-    assert "resumed from" in log and "step 10)" in log
-    surviving = read_json(paths.consumed_sample_ids)
-    assert len(surviving) == 30
-    consumed_dir = paths.spool_dir / "consumed"
-    published = {
-        s.sample_id for shard in consumed_dir.iterdir() for g in read_shard(shard)[1] for s in g
-    }
-    assert published, "keep_consumed should retain the consumed shards"
-    assert not check_exactly_once(published | {s for step in surviving for s in step}, surviving)
+    _, samples = check_resumed_and_trained_once(*its_run, 30)
+    assert samples, "keep_consumed should retain the consumed shards"
 
 
 def test_a_sigkilled_supervisor_leaves_no_task_behind(its_run):
