@@ -28,7 +28,7 @@ from relax_hpc.trainer.batch import gather_response
 def media_token_logprobs(
     network: torch.nn.Module,
     input_ids_BL: Tensor,
-    attention_mask_BL: Tensor,
+    attention_mask_BL: Tensor | None,
     prompt_len_B: Tensor,
     width: int,
     media_kwargs: Mapping[str, Tensor],

@@ -154,3 +154,70 @@ def test_uniforms_drawn_up_front_are_the_per_token_draws(max_new_tokens):
         generator = torch.Generator().manual_seed(sample_seed(11, request.sample_id))
         one_by_one = [torch.rand((), generator=generator, dtype=torch.float64) for _ in row]
         assert torch.equal(row, torch.stack(one_by_one)), request.sample_id
+
+
+def transformers_mask(model, mask_BK: torch.Tensor, query_len: int):
+    """The 4D mask transformers builds for ``model`` from a padding mask: what the engine's
+    own must equal (``None``: transformers would build none)."""
+    from transformers import DynamicCache
+    from transformers.masking_utils import create_causal_mask
+
+    cache = DynamicCache()
+    past = mask_BK.shape[1] - query_len
+    if past:  # a cache holding ``past`` positions
+        shape = (mask_BK.shape[0], model.config.num_key_value_heads, past, model.config.head_dim)
+        for layer in range(model.config.num_hidden_layers):
+            cache.update(torch.zeros(shape), torch.zeros(shape), layer)
+    return create_causal_mask(
+        config=model.config,
+        input_embeds=torch.zeros(mask_BK.shape[0], query_len, model.config.hidden_size),
+        attention_mask=mask_BK,
+        cache_position=torch.arange(past, past + query_len),
+        past_key_values=cache,
+        position_ids=None,
+    )
+
+
+@pytest.mark.parametrize("query_len", [6, 1])  # a prefill, a decode step
+def test_the_engine_builds_the_mask_transformers_would(engine, query_len):
+    from relax_hpc.rollout.engines.transformers_engine import padded_causal_mask
+
+    assert engine.builds_own_masks
+    mask_BK = torch.tensor([[0, 0, 1, 1, 1, 1], [1, 1, 1, 1, 1, 1], [0, 0, 0, 0, 0, 1]])
+    if query_len == 1:
+        mask_BK = torch.cat([mask_BK, torch.ones(3, 1, dtype=torch.long)], dim=1)
+    ours = padded_causal_mask(mask_BK, query_len)
+    theirs = transformers_mask(engine.model, mask_BK, query_len)
+    assert ours.dtype == theirs.dtype == torch.bool and torch.equal(ours, theirs)
+
+
+def test_own_masks_generate_exactly_what_transformers_masks_do():
+    model, tokenizer = tiny_qwen3()
+    own, theirs = TransformersEngine(model, tokenizer), TransformersEngine(model, tokenizer)
+    theirs.builds_own_masks = False
+    params = SamplingParams(temperature=1.0, max_new_tokens=8, seed=2)
+    a, b = own.generate(requests(own), params), theirs.generate(requests(theirs), params)
+    assert [c.token_ids for c in a] == [c.token_ids for c in b]
+    assert [c.logprobs for c in a] == [c.logprobs for c in b]
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"sliding_window": 4},
+        {"layer_types": ["full_attention", "sliding_attention"]},
+        {"_attn_implementation": "eager"},
+        {"model_type": "gemma3_text"},
+    ],
+)
+def test_a_model_whose_mask_is_not_plain_causal_sdpa_keeps_transformers_masks(change):
+    import copy
+
+    from relax_hpc.rollout.engines.transformers_engine import has_plain_causal_sdpa_masks
+
+    model, _ = tiny_qwen3()
+    assert has_plain_causal_sdpa_masks(model.config)
+    config = copy.deepcopy(model.config)
+    for name, value in change.items():
+        setattr(config, name, value)
+    assert not has_plain_causal_sdpa_masks(config)
