@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, fields, replace
 from typing import TYPE_CHECKING
 
+import numpy as np
 import torch
 
 from relax_hpc.media.inputs import MediaBatch, MediaInputs, media_budget_chunks
@@ -99,27 +100,22 @@ def collate(
     group_index = [index for index, group in enumerate(groups) for _ in group]
     if not samples:
         raise ValueError("collate needs at least one sample")
-    lengths = [len(s.prompt_token_ids) + len(s.response_token_ids) for s in samples]
-    width = max(max(len(s.response_token_ids) for s in samples), 1)
-    batch = len(samples)
-    input_ids = torch.full((batch, max(lengths)), pad_token_id, dtype=torch.long)
-    attention = torch.zeros((batch, max(lengths)), dtype=torch.long)
-    response_mask = torch.zeros((batch, width), dtype=torch.float32)
-    rollout_logprobs = torch.zeros((batch, width), dtype=torch.float32)
-    for row, sample in enumerate(samples):
-        tokens = [*sample.prompt_token_ids.tolist(), *sample.response_token_ids.tolist()]
-        input_ids[row, : len(tokens)] = torch.tensor(tokens, dtype=torch.long)
-        attention[row, : len(tokens)] = 1
-        length = len(sample.response_token_ids)
-        response_mask[row, :length] = torch.from_numpy(sample.loss_mask.astype("float32"))
-        rollout_logprobs[row, :length] = torch.from_numpy(sample.rollout_logprobs.astype("float32"))
+    prompt_len = np.array([len(s.prompt_token_ids) for s in samples], dtype=np.int64)
+    response_len = np.array([len(s.response_token_ids) for s in samples], dtype=np.int64)
+    width = max(int(response_len.max()), 1)
+    tokens = [t for s in samples for t in (s.prompt_token_ids, s.response_token_ids)]
+    input_ids, filled = _right_padded(
+        tokens, prompt_len + response_len, dtype=np.int64, pad=pad_token_id
+    )
     return TrainBatch(
         input_ids_BL=input_ids,
-        attention_mask_BL=attention,
-        prompt_len_B=torch.tensor([len(s.prompt_token_ids) for s in samples], dtype=torch.long),
-        response_len_B=torch.tensor([len(s.response_token_ids) for s in samples], dtype=torch.long),
-        response_mask_BT=response_mask,
-        rollout_logprobs_BT=rollout_logprobs,
+        attention_mask_BL=torch.from_numpy(filled.astype(np.int64)),
+        prompt_len_B=torch.from_numpy(prompt_len),
+        response_len_B=torch.from_numpy(response_len),
+        response_mask_BT=_right_padded([s.loss_mask for s in samples], response_len, width)[0],
+        rollout_logprobs_BT=_right_padded(
+            [s.rollout_logprobs for s in samples], response_len, width
+        )[0],
         rewards_B=torch.tensor([float(s.reward) for s in samples], dtype=torch.float32),
         group_index_B=torch.tensor(group_index, dtype=torch.long),
         policy_version_B=torch.tensor([s.policy_version for s in samples], dtype=torch.long),
@@ -127,6 +123,24 @@ def collate(
         media=collate_group_media(groups, processor),
         reward_failed_B=torch.tensor([s.reward_failed for s in samples], dtype=torch.bool),
     )
+
+
+def _right_padded(
+    pieces: Sequence,
+    row_len: np.ndarray,
+    width: int | None = None,
+    dtype: type = np.float32,
+    pad: int = 0,
+) -> tuple[torch.Tensor, np.ndarray]:
+    """``row_len[i]`` consecutive elements of the concatenated ``pieces`` per row,
+    left-aligned in a ``[B, width]`` array of ``pad``, and where the rows' elements are: one
+    concatenation and one masked store instead of a copy per row."""
+    values = np.concatenate([np.asarray(p).reshape(-1) for p in pieces])
+    width = int(row_len.max()) if width is None else width
+    filled = np.arange(width)[None, :] < row_len[:, None]
+    out = np.full(filled.shape, pad, dtype=dtype)
+    out[filled] = values
+    return torch.from_numpy(out), filled
 
 
 def collate_group_media(

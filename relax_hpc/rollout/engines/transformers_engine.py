@@ -25,8 +25,10 @@ Must not: score completions, touch the spool, or import the trainer.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterable, Mapping, Sequence
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor
@@ -218,13 +220,17 @@ class TransformersEngine(Engine):
         return padded_causal_mask(mask_BK, query_len)
 
     def _left_pad(self, prompts: Sequence[Sequence[int]]) -> tuple[Tensor, Tensor]:
-        length = max(len(p) for p in prompts)
-        ids_BL = torch.full((len(prompts), length), self.pad_id, dtype=torch.long)
-        mask_BL = torch.zeros((len(prompts), length), dtype=torch.long)
-        for row, prompt in enumerate(prompts):
-            ids_BL[row, length - len(prompt) :] = torch.tensor(prompt, dtype=torch.long)
-            mask_BL[row, length - len(prompt) :] = 1
-        return ids_BL.to(self.device), mask_BL.to(self.device)
+        """Token ids ``[B, L]`` with the prompts right-aligned after ``pad_id``s, and the
+        mask of the prompts' tokens (one masked store, not a copy per row)."""
+        lengths_B = np.array([len(p) for p in prompts], dtype=np.int64)
+        length = int(lengths_B.max())
+        filled_BL = np.arange(length)[None, :] >= (length - lengths_B)[:, None]
+        ids_BL = np.full(filled_BL.shape, self.pad_id, dtype=np.int64)
+        ids_BL[filled_BL] = np.fromiter(
+            itertools.chain.from_iterable(prompts), dtype=np.int64, count=int(lengths_B.sum())
+        )
+        mask_BL = torch.from_numpy(filled_BL.astype(np.int64))
+        return torch.from_numpy(ids_BL).to(self.device), mask_BL.to(self.device)
 
     def _finish_reason(
         self, token_ids: list[int], params: SamplingParams, last_step: bool
