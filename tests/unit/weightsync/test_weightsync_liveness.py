@@ -105,3 +105,15 @@ def test_one_nudge_wakes_every_waiting_thread_and_each_sees_it_once(monitor):
     assert monitor.wait_for_nudge(0.05)  # this thread sees it too, once
     assert not monitor.wait_for_nudge(0.05)
     sock.close()
+
+
+def test_both_ends_send_a_nudge_at_once_without_nagle(monitor):
+    """A nudge is one byte; with Nagle on, one sent while the previous is unacknowledged waits
+    for the peer's delayed ACK (measured: engines' result nudges reached the trainer up to
+    its 20 ms poll late). Both ends of the connection turn it off."""
+    sock = liveness.connect("127.0.0.1", monitor.port, TOKEN, "e1.a", timeout_s=5.0)
+    assert _until(lambda: monitor.is_connected("e1.a"))
+    trainer_end = monitor._alive["e1.a"]
+    for end in (sock, trainer_end):
+        assert end.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) != 0
+    sock.close()
