@@ -171,13 +171,14 @@ def sigkill_trainer_then_resume(
     wait_for_step(paths.trainer_status, kill_at_step, first, timeout_s=600, poll_s=0.02)
     os.kill(read_json(paths.rendezvous_dir / "trainer.json")["pid"], signal.SIGKILL)
     _, stderr = first.communicate(timeout=300)
-    killed = first.returncode != 0 and "trainer[0] exited with -9" in stderr
-    report = failure_report(
-        subprocess.CompletedProcess(first.args, first.returncode, "", stderr), run_dir
+    ended = subprocess.CompletedProcess(first.args, first.returncode, "", stderr)
+    assert first.returncode != 0 and "trainer[0] exited with -9" in stderr, (
+        f"the trainer was not killed (did the run finish first?)\n{failure_report(ended, run_dir)}"
     )
-    assert killed, f"the trainer was not killed (did the run finish first?)\n{report}"
     checkpoint = latest_checkpoint(paths)
-    assert checkpoint is not None, f"no checkpoint before the kill\n{report}"
+    assert checkpoint is not None, (
+        f"no checkpoint before the kill\n{failure_report(ended, run_dir)}"
+    )
     again = overrides if resume_overrides is None else resume_overrides
     second = submit(run_dir, *again, "resume=auto", experiment=experiment, timeout_s=600)
     return KilledThenResumed(second, checkpoint.step)
