@@ -20,7 +20,7 @@ from relax_hpc.checkpoint.store import CheckpointStore, latest_checkpoint
 from relax_hpc.config import RunConfig
 from relax_hpc.config.weightsync import run_backend
 from relax_hpc.models.build import resolve_dtype
-from relax_hpc.observe.cost import step_cost_metrics
+from relax_hpc.observe.cost import StepCostMetrics
 from relax_hpc.observe.metrics import MetricsLogger
 from relax_hpc.paths import RunPaths, atomic_write_json
 from relax_hpc.runtime import TaskIdentity
@@ -129,7 +129,7 @@ def _train(cfg: RunConfig, paths: RunPaths, identity: TaskIdentity, device: torc
         broadcast_groups=torch_broadcast_groups(identity.rank)
         if identity.world_size > 1
         else sequential_broadcast,
-        cost_metrics=(lambda step: step_cost_metrics(paths, step)) if leader else lambda step: {},
+        cost_metrics=StepCostMetrics(paths) if leader else lambda step: {},
         media_processor=processor,
         on_idle=lambda: _catch_up_joiners(sender, trainer, publish_weights, publisher),
     )
@@ -137,7 +137,7 @@ def _train(cfg: RunConfig, paths: RunPaths, identity: TaskIdentity, device: torc
     publish_weights(trainer.progress.policy_version)
     exit_code = trainer.run()
     if publisher is not None:
-        publisher.wait()  # the last version reaches the engines before the sender closes
+        publisher.close()  # the last version reaches the engines before the sender closes
     if exit_code == exitcodes.DONE:
         # a media model's processor writes its tokenizer and preprocessor_config.json
         backend.export(paths.export_dir, processor or tokenizer, is_writer=leader)  # collective

@@ -21,6 +21,7 @@ more than one thread at a time.
 from __future__ import annotations
 
 import logging
+import queue
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -40,11 +41,18 @@ def snapshot(weights: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 
 
 class BackgroundPublisher:
-    """At most one sync in flight, on a thread; ``publish`` returns the previous one's
-    metrics (plus how long it waited for it, ``weightsync/wait_previous_s``)."""
+    """At most one sync in flight, on one long-lived thread; ``publish`` returns the previous
+    one's metrics (plus how long it waited for it, ``weightsync/wait_previous_s``).
+
+    The thread is started once and then handed each version: starting a thread per step
+    made the trainer wait for the new thread to be scheduled (~0.4 ms a step on 2 busy
+    cores)."""
 
     def __init__(self, sync: SyncFn) -> None:
         self.sync = sync
+        self._jobs: queue.SimpleQueue = queue.SimpleQueue()
+        self._done = threading.Event()
+        self._in_flight = False
         self._thread: threading.Thread | None = None
         self._metrics: dict[str, float] = {}
         self._error: BaseException | None = None
@@ -54,10 +62,12 @@ class BackgroundPublisher:
         metrics = self.wait()
         metrics["weightsync/wait_previous_s"] = time.perf_counter() - start
         copy = snapshot(weights)
-        self._thread = threading.Thread(
-            target=self._run, args=(copy, policy_version), name="weightsync-send", daemon=True
-        )
-        self._thread.start()
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._work, name="weightsync-send", daemon=True)
+            self._thread.start()
+        self._done.clear()
+        self._in_flight = True
+        self._jobs.put((copy, policy_version))
         return metrics
 
     def publish_now(
@@ -69,15 +79,31 @@ class BackgroundPublisher:
 
     def wait(self) -> dict[str, float]:
         """Until the sync in flight ended; its metrics; re-raises its error."""
-        thread, self._thread = self._thread, None
-        if thread is None:
+        if not self._in_flight:
             return {}
-        thread.join()
+        self._done.wait()
+        self._in_flight = False
         error, self._error = self._error, None
         if error is not None:
             raise error
         metrics, self._metrics = self._metrics, {}
         return metrics
+
+    def close(self) -> None:
+        """Until the sync in flight ended (re-raising its error); then the thread ends."""
+        try:
+            self.wait()
+        finally:
+            if self._thread is not None:
+                self._jobs.put(None)
+                self._thread.join()
+                self._thread = None
+
+    def _work(self) -> None:
+        while (job := self._jobs.get()) is not None:
+            self._run(*job)
+            del job  # the snapshot is not kept alive while the next one is taken
+            self._done.set()
 
     def _run(self, weights: dict[str, torch.Tensor], policy_version: int) -> None:
         try:

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from spool_factories import make_full_sample, make_group
 
-from relax_hpc.paths import RunPaths
+from relax_hpc.paths import RunPaths, read_json
 from relax_hpc.spool import ShardWriter, SpoolConfig, SpoolReader
 from relax_hpc.spool.cli import inspect_lines, main
 from relax_hpc.spool.layout import SpoolLayout, list_names
@@ -87,3 +87,37 @@ def test_module_entry_point(run_dir: Path) -> None:
         check=True,
     )
     assert done.stdout.startswith("spool ")
+
+
+def test_reader_status_is_rewritten_at_most_once_a_second_and_at_every_checkpoint(
+    tmp_path: Path,
+) -> None:
+    """reader.json is advisory: between checkpoints it may lag the ledger by up to a second
+    (each rewrite costs the trainer's step), but a checkpoint always brings it up to date."""
+    now = [100.0]
+    writer = ShardWriter(tmp_path, "rollout.r0", shard_max_samples=2)
+    for name in "abcd":
+        writer.publish([make_group(name, policy_version=0)])
+    reader = SpoolReader(tmp_path, SpoolConfig(poll_s=0.01), clock=lambda: now[0])
+    status_path = SpoolLayout(tmp_path).reader_status_path
+
+    def shown_step() -> int:
+        return read_json(status_path)["step"]
+
+    for step in (1, 2):
+        reader.next_batch(1, policy_version=0)
+        reader.mark_step_consumed(step)
+    assert shown_step() == 1  # step 2 came within the second
+    now[0] += 1.0
+    reader.next_batch(1, policy_version=0)
+    reader.mark_step_consumed(3)
+    assert shown_step() == 3
+    reader.next_batch(1, policy_version=0)
+    reader.mark_step_consumed(4)
+    assert shown_step() == 3
+    reader.on_checkpoint_complete(4)
+    status = read_json(status_path)
+    assert (status["step"], status["checkpointed_step"]) == (4, 4)
+    assert status["counters"]["num_delivered_samples"] == sum(
+        len(g) for g in [make_group(n, policy_version=0) for n in "abcd"]
+    )

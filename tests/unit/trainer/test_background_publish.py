@@ -116,6 +116,26 @@ def test_a_failed_send_is_raised_by_the_next_publish_and_by_wait():
     assert calls == [1, 3]
 
 
+def test_every_version_is_sent_by_one_long_lived_thread_in_order():
+    """One sender thread for the whole run (a thread started per step cost the loop the wait
+    for it to be scheduled), each version's snapshot taken before the next step."""
+    sent: list[tuple[int, str, float]] = []
+
+    def sync(weights, policy_version, only):
+        sent.append((policy_version, threading.current_thread(), float(weights["w"][0])))
+        return {"weightsync/seconds": 0.0}
+
+    publisher = BackgroundPublisher(sync)
+    live = torch.zeros(1)
+    for version in range(1, 6):
+        live += 1  # the optimiser step changes the live weights in place
+        publisher.publish({"w": live}, version)
+    publisher.close()
+    assert [(v, value) for v, _, value in sent] == [(v, float(v)) for v in range(1, 6)]
+    (sender,) = {thread for _, thread, _ in sent}
+    assert sender.name == "weightsync-send" and not sender.is_alive()  # close ended it
+
+
 @pytest.mark.parametrize(
     ("overrides", "in_background"),
     [
