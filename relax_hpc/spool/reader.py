@@ -2,7 +2,11 @@
 
 Exactly one ``SpoolReader`` consumes a spool: the trainer's rank 0 (it hands groups on to
 the other ranks). Claiming is ``rename(ready/<name>, claimed/c<seq>-<name>)``: atomic on
-NFS/Lustre/GPFS, no locks. The trainer loop::
+NFS/Lustre/GPFS, no locks. The claims are flushed (one fsync of ``claimed/``) when
+``state_dict`` is taken for a checkpoint, not at each claim: a claim that no checkpoint
+records yet is one a crash may undo, and undoing it only puts the shard back in ``ready/``,
+to be claimed again by the resumed run, which retrains every step after its checkpoint
+anyway (either state of the rename resumes exactly-once, see ``_recover``). The trainer loop::
 
     groups = reader.next_batch(num_groups, policy_version)   # claims as needed, blocks
     train_step(groups)
@@ -86,6 +90,7 @@ class SpoolReader:
         self._groups: dict[str, list[Group]] = {}  # decoded shards on the stream
         self._ready: deque[str] = deque()  # cached listing of ready/, oldest first
         self._recovered = False
+        self._claims_unflushed = False  # renames into claimed/ since its last fsync
         self._last_tmp_clean = -_TMP_CLEAN_INTERVAL_S
         self._recent: deque[tuple[float, int]] = deque(maxlen=_THROUGHPUT_WINDOW)
         self._last_batch: dict[str, float] = {}
@@ -153,6 +158,7 @@ class SpoolReader:
         One opaque JSON string under a fixed key: torch DCP loads only keys present in the
         template state dict, so variable content (shard names) must live inside one value.
         """
+        self._flush_claims()  # the checkpoint must not record a claim a crash can undo
         return {"spool_ledger": json.dumps(self._ledger.state(), sort_keys=True)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -288,11 +294,16 @@ class SpoolReader:
             if not rename_once(source, self._layout.claimed_dir / target):
                 continue  # requeued or removed by an operator meanwhile
             self._ledger.next_claim_seq += 1
-            fsync_dir(self._layout.claimed_dir)  # one journaled rename: one directory to flush
+            self._claims_unflushed = True  # flushed before a checkpoint records it
             self._ledger.add_shard(target, shard.num_groups)
             self._ledger.counters["num_claimed_shards"] += 1
             return True
         return False
+
+    def _flush_claims(self) -> None:
+        if self._claims_unflushed:
+            fsync_dir(self._layout.claimed_dir)
+            self._claims_unflushed = False
 
     def _wait(self, deadline: float | None, num_groups: int, num_have: int) -> None:
         if deadline is not None and self._clock() >= deadline:

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from spool_factories import make_group
 
-from relax_hpc.spool import ShardWriter, SpoolConfig, SpoolReader
+from relax_hpc.spool import ShardWriter, SpoolConfig, SpoolReader, SpoolTimeout
 from relax_hpc.spool.layout import SpoolLayout, list_names
 
 
@@ -137,3 +137,50 @@ def test_state_is_json_with_a_fixed_key_and_survives_torch_dcp(tmp_path: Path) -
     resumed = _reader(tmp_path / "spool")
     resumed.load_state_dict(template["spool"])
     assert _step(resumed, 2, num_groups=1) == ["d"]
+
+
+def test_claims_are_flushed_once_when_a_checkpoint_takes_the_ledger(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A claim's rename is made durable before a checkpoint records it, not at every claim
+    (one directory fsync per checkpoint instead of one per shard on the trainer's step)."""
+    import relax_hpc.spool.reader as reader_module
+
+    flushed: list[str] = []
+    real_fsync_dir = reader_module.fsync_dir
+
+    def recording_fsync_dir(directory: Path) -> None:
+        flushed.append(directory.name)
+        real_fsync_dir(directory)
+
+    monkeypatch.setattr(reader_module, "fsync_dir", recording_fsync_dir)
+    _publish(tmp_path, [f"g{i}" for i in range(6)], shard_max_samples=2)  # a group a shard
+    reader = _reader(tmp_path)
+    _step(reader, 1)
+    flushed.clear()  # the first call's recovery flushes what it found
+    _step(reader, 2)
+    _step(reader, 3)  # four claims so far
+    assert flushed == []
+    reader.state_dict()
+    assert flushed == ["claimed"]
+    reader.state_dict()  # nothing claimed since: nothing to flush
+    assert flushed == ["claimed"]
+
+
+def test_a_claim_a_crash_undid_is_claimed_again_and_trained_once(tmp_path: Path) -> None:
+    """A crash may undo a claim made after the last checkpoint (its rename not yet flushed):
+    the shard is back in ready/; the resumed run claims it again, once."""
+    _publish(tmp_path, [f"g{i}" for i in range(6)], shard_max_samples=2)
+    layout = SpoolLayout(tmp_path)
+    reader = _reader(tmp_path)
+    assert _step(reader, 1) == ["g0", "g1"]
+    checkpoint = reader.state_dict()
+    reader.on_checkpoint_complete(1)
+    assert _step(reader, 2) == ["g2", "g3"]  # never checkpointed
+    for claimed in list_names(layout.claimed_dir):  # what the crash left: the renames undone
+        (layout.claimed_dir / claimed).rename(layout.ready_dir / claimed.split("-", 1)[1])
+    resumed = _reader(tmp_path)
+    resumed.load_state_dict(checkpoint)
+    assert _step(resumed, 2) + _step(resumed, 3) == ["g2", "g3", "g4", "g5"]
+    with pytest.raises(SpoolTimeout):
+        resumed.next_batch(1, policy_version=0, timeout_s=0.05)
