@@ -41,9 +41,11 @@ class StopFlag:
 
     def agreed(self, group: dist.ProcessGroup | None = None) -> bool:
         """Collective over ``group`` (all ranks call it): True when any rank must stop."""
-        wanted = torch.tensor([1 if self.local_request() else 0], dtype=torch.int32)
-        if dist.is_available() and dist.is_initialized():
-            dist.all_reduce(wanted, op=dist.ReduceOp.MAX, group=group)
+        local = self.local_request()
+        if not (dist.is_available() and dist.is_initialized()):
+            return local  # one process: no tensor, no collective (asked every step)
+        wanted = torch.tensor([1 if local else 0], dtype=torch.int32)
+        dist.all_reduce(wanted, op=dist.ReduceOp.MAX, group=group)
         if wanted.item() and self.reason is None:
             self.reason = "another rank was asked to stop"
         return bool(wanted.item())

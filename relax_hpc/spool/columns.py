@@ -128,7 +128,7 @@ class Columns:
     def _checked_column(self, label: str, values: Any, kind: type) -> list[Any]:
         if not isinstance(values, list) or len(values) != self._num_samples:
             raise ShardCorruptError(f"column {label} is not a list of {self._num_samples} values")
-        if not all(isinstance(v, kind) for v in values):
+        if not set(map(type, values)) <= {kind}:  # JSON decodes to exact types
             raise ShardCorruptError(f"column {label} holds values that are not {kind.__name__}")
         return values
 
