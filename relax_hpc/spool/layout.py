@@ -8,7 +8,8 @@
       quarantine/  bad shards + <name>.reason.json
       writers/     <writer_id>.json: per-writer publish counters (status CLI)
       redo/        stale-dropped groups to generate again (``spool.redo``)
-      reader.json  the trainer side's counters and recent throughput (status CLI)
+      reader.json  the trainer side's counters and recent throughput (status CLI; rewritten
+                   at most once a second and at every checkpoint)
 
 A shard name carries what listings need, so backpressure and ``status`` are a directory
 listing, never a file open (slow on network filesystems):
