@@ -141,6 +141,12 @@ class Layout:
             per_bucket[spec.bucket].append(spec)
         return per_bucket
 
+    @cached_property
+    def tensors_json(self) -> tuple[dict, ...]:
+        """``asdict`` of every spec, once per layout: the layout is the same every sync, and
+        ``asdict`` of ~30 specs cost the sender ~0.15 ms a round."""
+        return tuple(asdict(spec) for spec in self.tensors)
+
 
 def plan_layout(
     named_tensors: list[tuple[str, torch.Tensor]],
@@ -232,7 +238,7 @@ class Manifest:
             "round": self.round,
             "checksum_algo": self.checksum_algo,
             "bucket_nbytes": list(self.layout.bucket_nbytes),
-            "tensors": [asdict(spec) for spec in self.layout.tensors],
+            "tensors": [dict(spec) for spec in self.layout.tensors_json],
         }
 
     @classmethod

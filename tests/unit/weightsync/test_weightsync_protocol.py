@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 from hypothesis import given, settings
@@ -98,6 +100,19 @@ def test_manifest_json_round_trip():
     layout = protocol.plan_layout(named, 256, torch.bfloat16)
     manifest = protocol.Manifest(7, 3, protocol.CHECKSUM_CRC32, layout)
     assert protocol.Manifest.from_json(manifest.to_json()) == manifest
+
+
+def test_a_manifest_reuses_its_layouts_specs_without_sharing_them():
+    """The specs' JSON is built once per layout (it is the same every sync); each manifest
+    gets its own dicts, so a caller changing one cannot change the next round's plan."""
+    named = protocol.as_named_list(_state())
+    layout = protocol.plan_layout(named, 256, torch.bfloat16)
+    first = protocol.Manifest(7, 3, protocol.CHECKSUM_CRC32, layout).to_json()
+    assert first["tensors"] == [dataclasses.asdict(spec) for spec in layout.tensors]
+    first["tensors"][0]["name"] = "changed"
+    second = protocol.Manifest(8, 4, protocol.CHECKSUM_CRC32, layout).to_json()
+    assert second["tensors"][0]["name"] == layout.tensors[0].name
+    assert protocol.Manifest.from_json(second).layout == layout
 
 
 def test_cpu_buffers_are_checksummed_with_xxh3_and_unknown_algorithms_refused():
