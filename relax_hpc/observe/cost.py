@@ -138,11 +138,11 @@ def elapsed_over(attempts: list[dict], now: float | None = None) -> float:
 class StepCostMetrics:
     """The trainer's per-step view: device-hours so far and their mean per step.
 
-    ``metrics(step)`` re-reads the job plan and the ledger at most every ``refresh_s``
-    (while nothing is measured yet, at every step): the watcher refreshes the ledger only
-    every few seconds anyway, and two file reads a step were ~0.2 ms of a ~50 ms
-    ``grpo_tiny`` step. In between, the running attempt is extended to the clock's now,
-    as ``CostLedger.elapsed_s(running=True)`` does.
+    Called with the step every step, it re-reads the job plan and the ledger at most every
+    ``refresh_s`` (while nothing is measured yet, every time): the watcher refreshes the
+    ledger only every few seconds anyway, and reading them every step cost ~0.2 ms of a
+    ~50 ms ``grpo_tiny`` step. In between, the running attempt is extended to the clock's
+    now, as ``CostLedger.elapsed_s(running=True)`` does.
     """
 
     def __init__(self, paths: RunPaths, refresh_s: float = 5.0, clock=time.time) -> None:

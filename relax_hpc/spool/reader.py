@@ -393,6 +393,6 @@ class SpoolReader:
             "recent": list(self._recent),  # [unix_s, cumulative delivered samples]
             "updated_unix_s": time.time(),
         }
-        # For the status CLI only: no fsync. The ledger that makes
-        # consumption exactly-once lives in the trainer's checkpoint, not in this file.
+        # For the status CLI only: no fsync. The ledger that makes consumption exactly-once
+        # lives in the trainer's checkpoint, not in this file.
         atomic_write_json(self._layout.reader_status_path, status, durable=False)
