@@ -12,6 +12,8 @@ with the same optimizer and loss. Printed, measured in this one run:
   reward child, ...), read from /proc by ``process_cpu.TreeCpuSampler``, per process too;
 - relax_hpc's overlap: its step time over max(generation, training) of its own timers
   (1.0: the two roles fully overlap; sync mode is bounded by their sum instead);
+- cores each process kept busy (its CPU s over the window's wall s): in async mode,
+  whether the trainer and the rollout each keep one core busy;
 - final held-out greedy accuracy of each, by relax_hpc's own evaluator (``rollout.evaluation.
   make_evaluator``: 256 held-out pairs, greedy, exact match);
 - relax_hpc / TRL for each relax_hpc mode: samples/s, s/step and CPU s/sample, next to the
@@ -124,6 +126,12 @@ class Result:
             return None
         return self.s_per_step / max(self.generate_step_s, self.train_step_s)
 
+    @property
+    def cores_busy(self) -> dict[str, float]:
+        """Cores each process kept busy over the timed window (its CPU s / wall s): in async
+        mode, whether the trainer and the rollout each keep one core busy."""
+        return {name: seconds / self.wall_s for name, seconds in self.cpu_s.items()}
+
     def report(self, baseline: Result | None) -> dict:
         """Every figure of this result, with the ratios to ``baseline`` (TRL)."""
         out = {
@@ -138,6 +146,7 @@ class Result:
             "generate_step_s": self.generate_step_s,
             "train_step_s": self.train_step_s,
             "overlap": self.overlap,
+            "cores_busy_by_process": self.cores_busy,
         }
         if baseline is not None:
             out["ratio_samples_per_s"] = self.samples_per_s / baseline.samples_per_s
@@ -550,6 +559,11 @@ def print_ratios(report: dict) -> None:
                 f"{figures['generate_step_s']:.3f}, training {figures['train_step_s']:.3f}) = "
                 f"{figures['overlap']:.2f} (target <= {TARGET_OVERLAP})"
             )
+            busy = figures["cores_busy_by_process"]
+            shown = ", ".join(
+                f"{name} {busy[name]:.2f}" for name in sorted(busy) if busy[name] > 0.01
+            )
+            print(f"  cores busy (CPU s / wall s of the timed steps): {shown}")
     print(f"load after: {report['load_1min']:.2f} (1-min average of this machine)")
 
 

@@ -24,6 +24,7 @@ FIGURES = {
     "generate_step_s",
     "train_step_s",
     "overlap",
+    "cores_busy_by_process",
 }
 RATIOS = {"ratio_samples_per_s", "ratio_s_per_step", "ratio_cpu_s_per_sample"}
 
@@ -60,4 +61,11 @@ def test_side_by_side_reports_every_figure(tmp_path):
     processes = set(engines["async"]["cpu_s_by_process"])
     assert {"supervisor", "trainer", "keeper", "rollout"} <= processes, processes
     assert "TRL" in engines["trl"]["cpu_s_by_process"]
+    for key, figures in engines.items():  # cores busy: the same processes, CPU over wall
+        busy, cpu = figures["cores_busy_by_process"], figures["cpu_s_by_process"]
+        assert set(busy) == set(cpu), key
+        wall_s = figures["s_per_step"] * figures["steps_timed"]
+        for name, share in busy.items():
+            assert share == pytest.approx(cpu[name] / wall_s), (key, name)
+    assert "cores busy (CPU s / wall s of the timed steps): " in result.stdout
     assert "relax_hpc async: samples/s" in result.stdout
