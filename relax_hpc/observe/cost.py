@@ -102,15 +102,20 @@ class CostLedger:
             self.write_failed = False
 
 
-def cost_so_far(paths: RunPaths, running: bool = False) -> dict[str, float]:
-    """Device-hours of the run until now (empty when the plan or ledger is missing)."""
+def _measured(paths: RunPaths) -> tuple[list[RoleDevices], list[dict]]:
+    """The job plan's devices and the ledger's attempts (none when the plan is missing)."""
     plan = read_json(paths.job_plan, default=None)
     if plan is None:
+        return [], []
+    return role_devices(plan), CostLedger(paths.cost_ledger).attempts()
+
+
+def cost_so_far(paths: RunPaths, running: bool = False) -> dict[str, float]:
+    """Device-hours of the run until now (empty when the plan or ledger is missing)."""
+    devices, attempts = _measured(paths)
+    if not attempts:
         return {}
-    ledger = CostLedger(paths.cost_ledger)
-    if not ledger.attempts():
-        return {}
-    return device_hours(role_devices(plan), ledger.elapsed_s(running=running))
+    return device_hours(devices, elapsed_over(attempts, time.time() if running else None))
 
 
 def describe_cost(cost: dict[str, float]) -> str:
@@ -155,11 +160,7 @@ class StepCostMetrics:
         now = self.clock()
         if not self._attempts or now - self._read_at >= self.refresh_s:
             self._read_at = now
-            plan = read_json(self.paths.job_plan, default=None)
-            self._devices = role_devices(plan) if plan is not None else []
-            self._attempts = (
-                CostLedger(self.paths.cost_ledger).attempts() if plan is not None else []
-            )
+            self._devices, self._attempts = _measured(self.paths)
         if not self._attempts:
             return {}
         cost = device_hours(self._devices, elapsed_over(self._attempts, now))

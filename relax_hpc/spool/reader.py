@@ -132,8 +132,9 @@ class SpoolReader:
         self._request_redos(self._ledger.pending_redos())
         self._recent.append((time.time(), self._ledger.counters["num_delivered_samples"]))
         self._last_record = record
-        if self._clock() - self._last_status_write >= _STATUS_INTERVAL_S:
-            self._last_status_write = self._clock()
+        now = self._clock()
+        if now - self._last_status_write >= _STATUS_INTERVAL_S:
+            self._last_status_write = now
             self._write_status()
 
     def on_checkpoint_complete(self, step: int) -> None:
