@@ -43,6 +43,11 @@ class WeightSyncConfig:
         steps. Costs a host copy of the weights; needs transport=buckets. No effect in sync
         and hybrid modes (they wait for the version anyway). On in ``grpo_tiny`` (measured
         there: +14% samples/s); off by default until measured on GPUs.
+    send_process: with background_send on the bucket transport over Gloo, the sending runs
+        in a child process of the trainer (``weightsync/sender_process.py``) rather than a
+        thread: a thread competes with the training loop for Python's GIL (measured on
+        grpo_tiny, 2 cores: the async step 1.25x its training time with the thread). The
+        child owns the rendezvous store and the liveness port. false: a thread.
     transport: ``buckets`` (``WeightSender``/``WeightReceiver``: packed buckets, checksummed
         on the receiver) or ``sglang_distributed`` (``per_tensor``: one broadcast per tensor
         straight into SGLang's tensor-parallel workers; rollout.backend must be sglang).
@@ -64,6 +69,7 @@ class WeightSyncConfig:
     poll_s: float = 0.02
     transport: str = "buckets"
     background_send: bool = False
+    send_process: bool = True
 
     def validate(self) -> WeightSyncConfig:
         """Raise ``ValueError`` naming the first bad field as ``weightsync.<field>``."""

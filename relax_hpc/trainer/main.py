@@ -34,18 +34,30 @@ from relax_hpc.trainer.loop import (
     torch_broadcast_groups,
 )
 from relax_hpc.trainer.networks import hf_networks
-from relax_hpc.trainer.publish import BackgroundPublisher
+from relax_hpc.trainer.publish import BackgroundPublisher, ChildPublisher
 from relax_hpc.weightsync import make_weight_sender
+from relax_hpc.weightsync.sender_process import SenderProcess
 
 log = logging.getLogger(__name__)
 HISTORY_SUMMARY_STEPS = 5  # steps averaged for the start and end of the reward curve
 
 
 def make_sender(cfg: RunConfig, paths: RunPaths, device: torch.device, identity: TaskIdentity):
-    """Rank 0's weight sender, on the backend the run's layout needs (see ``run_backend``)."""
+    """Rank 0's weight sender, on the backend the run's layout needs (see ``run_backend``):
+    in a process of its own where it sends in the background over Gloo (``send_process``)."""
     backend = run_backend(cfg.weightsync, device.type == "cuda")
     weightsync = dataclasses.replace(cfg.weightsync, backend=backend)
+    if sends_from_process(cfg, backend):
+        return SenderProcess(paths, weightsync, device, identity.attempt)
     return make_weight_sender(paths, weightsync, device, identity.attempt)
+
+
+def sends_from_process(cfg: RunConfig, backend: str) -> bool:
+    """Whether the trainer's sender runs in a child process (``weightsync.send_process``):
+    only for a background send of host buckets over Gloo."""
+    w = cfg.weightsync
+    background = w.background_send and cfg.mode == "async"
+    return background and w.send_process and w.transport == "buckets" and backend == "gloo"
 
 
 def build_backend(cfg: RunConfig, device: torch.device, identity: TaskIdentity):
@@ -96,14 +108,9 @@ def _train(cfg: RunConfig, paths: RunPaths, identity: TaskIdentity, device: torc
     )
 
     def sync(weights, policy_version: int, only: list[str] | None) -> dict[str, float]:
-        report = sender.sync(weights, policy_version, only)
-        return {
-            "weightsync/seconds": report.seconds,
-            "weightsync/engines": float(len(report.members)),
-            "weightsync/dropped": float(len(report.dropped)),
-        }
+        return sync_metrics(sender.sync(weights, policy_version, only))
 
-    publisher = background_publisher(cfg, sync)
+    publisher = background_publisher(cfg, sync, sender)
 
     def publish_weights(policy_version: int, only: list[str] | None = None) -> dict[str, float]:
         weights = backend.policy_weights()  # collective
@@ -151,16 +158,30 @@ def _train(cfg: RunConfig, paths: RunPaths, identity: TaskIdentity, device: torc
     return exit_code
 
 
-def background_publisher(cfg: RunConfig, sync) -> BackgroundPublisher | None:
+def background_publisher(
+    cfg: RunConfig, sync, sender=None
+) -> BackgroundPublisher | ChildPublisher | None:
     """``weightsync.background_send``'s publisher, in async mode only: sync and hybrid
     modes wait for each version before generating with it, so a send beside training would
-    gain nothing there (said once, so that the setting is not silently ignored)."""
+    gain nothing there (said once, so that the setting is not silently ignored). Over a
+    sender in a child process (``send_process``) it needs no thread."""
     if not cfg.weightsync.background_send:
         return None
     if cfg.mode != "async":
         log.info("weightsync: background_send has no effect in mode=%s (async only)", cfg.mode)
         return None
+    if isinstance(sender, SenderProcess):
+        return ChildPublisher(sender, sync_metrics)
     return BackgroundPublisher(sync)
+
+
+def sync_metrics(report) -> dict[str, float]:
+    """A ``SyncReport``'s figures for TensorBoard."""
+    return {
+        "weightsync/seconds": report.seconds,
+        "weightsync/engines": float(len(report.members)),
+        "weightsync/dropped": float(len(report.dropped)),
+    }
 
 
 def _catch_up_joiners(sender, trainer: Trainer, publish_weights, publisher=None) -> None:

@@ -12,6 +12,8 @@ meet only in the run directory. Modules, by responsibility:
 - ``protocol``: bucket layout, packing, checksums, manifest; no I/O.
 - ``group``: TCPStore and one standalone Gloo/NCCL group per membership generation.
 - ``sender``: ``WeightSender`` for trainer rank 0; the round protocol is documented there.
+- ``sender_process``: ``SenderProcess``, a ``WeightSender`` run in a child process of the
+  trainer (``weightsync.send_process``), fed through ``shared_weights`` (a memfd).
 - ``receiver``: ``WeightReceiver`` for rollout engines; fail-closed semantics.
 - ``per_tensor``: ``transport=sglang_distributed``: ``PerTensorSender``/``PerTensorReceiver``,
   one broadcast per tensor into SGLang's own update group; ``make_weight_sender``.

@@ -99,9 +99,11 @@ class WeightSender:
         config: WeightSyncConfig,
         device: str | torch.device = "cpu",
         attempt: str = "",  # the job start (TaskIdentity.attempt), written into trainer.json
+        trainer_pid: int | None = None,  # trainer.json's pid: the trainer's (default: ours)
     ) -> None:
         self.paths = paths
         self.attempt = attempt
+        self.trainer_pid = os.getpid() if trainer_pid is None else trainer_pid
         self.config = config.validate()
         self.backend = resolve_backend(config.backend, torch.device(device))
         self.device = wire_device(self.backend, torch.device(device))  # buffers and groups
@@ -142,7 +144,7 @@ class WeightSender:
             store_port(self._store),
             self._token,
             self._instance,
-            os.getpid(),
+            self.trainer_pid,
             self.attempt,
             self._liveness.port if self._liveness else 0,
         )
@@ -463,14 +465,14 @@ class WeightSender:
         """Until an engine nudges (it wrote a message) or ``poll_s``."""
         self.wait_for_engines(self.config.poll_s)
 
-    def wait_for_engines(self, timeout_s: float) -> None:
+    def wait_for_engines(self, timeout_s: float) -> bool:
         """Until an engine nudges (a message, or samples it published) or ``timeout_s``: the
-        trainer's wait between two looks at the store or the spool. A plain sleep without
-        the liveness monitor."""
+        trainer's wait between two looks at the store or the spool; whether one nudged. A
+        plain sleep without the liveness monitor."""
         if self._liveness is None:
             time.sleep(timeout_s)
-        else:
-            self._liveness.wait_for_nudge(timeout_s)
+            return False
+        return self._liveness.wait_for_nudge(timeout_s)
 
     def _ready_bound(self, member: str) -> float:
         """How long ``member`` may take to answer a call: busy generating when it is alive,

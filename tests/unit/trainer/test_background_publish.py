@@ -161,3 +161,25 @@ def test_only_async_runs_send_in_the_background(overrides, in_background, caplog
     said = "background_send has no effect in mode=" in caplog.text
     assert said is (cfg.weightsync.background_send and not in_background)
     assert publisher is None or publisher.wait() == {}  # nothing in flight yet
+
+
+@pytest.mark.parametrize(
+    ("overrides", "from_process"),
+    [
+        ([], True),  # grpo_tiny: async, background_send, buckets over Gloo
+        (["weightsync.send_process=false"], False),
+        (["weightsync.background_send=false"], False),
+        (["mode=sync", "max_staleness=0"], False),
+    ],
+    ids=["grpo_tiny", "thread", "no-background", "sync"],
+)
+def test_a_background_send_over_gloo_runs_in_a_child_process(overrides, from_process):
+    from relax_hpc.config import validate_run_config
+    from relax_hpc.config.compose import compose_run_config
+    from relax_hpc.trainer.main import sends_from_process
+
+    cfg = compose_run_config(["+experiment=grpo_tiny", *overrides])
+    validate_run_config(cfg)
+    assert sends_from_process(cfg, "gloo") is from_process
+    assert not sends_from_process(cfg, "nccl")  # device tensors: the thread
+

@@ -1,0 +1,112 @@
+"""Named CPU tensors in one anonymous shared-memory file, for a process of the same host.
+
+The trainer writes a policy version's weights into the file (one copy, as its snapshot
+for a background send would make anyway) and hands another process only a small
+``Placement``: per tensor its name, dtype, shape and byte offset. That process maps the
+same file and sees the tensors as views, without a copy and without pickling them.
+
+The file is a ``memfd`` (Linux): it has no name in any filesystem, so nothing is left
+behind when both processes end, and only a process handed its descriptor can map it.
+Offsets are multiples of ``ALIGN_BYTES`` so that each byte slice can be viewed as its
+dtype. The writer must not write while the reader still uses the previous placement
+(``SenderProcess`` waits for a sync's reply before the next write). Must not: know what
+the tensors are for.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import torch
+
+ALIGN_BYTES = 64
+
+
+@dataclass(frozen=True)
+class TensorPlace:
+    name: str
+    dtype: str  # e.g. "float32" (torch.float32 without its prefix)
+    shape: tuple[int, ...]
+    offset: int  # bytes from the start of the file
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        dtype = getattr(torch, self.dtype, None)
+        if not isinstance(dtype, torch.dtype):
+            raise ValueError(f"shared weights: {self.name} has an unknown dtype {self.dtype!r}")
+        return dtype
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where each tensor of one write lies in the file, and the file's size then."""
+
+    tensors: tuple[TensorPlace, ...]
+    num_bytes: int
+
+
+def _aligned(num_bytes: int) -> int:
+    return -(-num_bytes // ALIGN_BYTES) * ALIGN_BYTES
+
+
+def place(named: Mapping[str, torch.Tensor]) -> Placement:
+    """The placement of ``named`` in a file, in their order."""
+    places, offset = [], 0
+    for name, tensor in named.items():
+        dtype = str(tensor.dtype).removeprefix("torch.")
+        places.append(TensorPlace(name, dtype, tuple(tensor.shape), offset))
+        offset += _aligned(tensor.numel() * tensor.element_size())
+    return Placement(tuple(places), max(offset, ALIGN_BYTES))
+
+
+class SharedWeights:
+    """One memfd and its mapping, on either side; ``fd`` is what the other process needs."""
+
+    def __init__(self, fd: int | None = None) -> None:
+        self.fd = os.memfd_create("relax-hpc-weights") if fd is None else fd
+        self._map: mmap.mmap | None = None
+        self._bytes: torch.Tensor | None = None  # the whole mapping as uint8
+
+    def write(self, named: Mapping[str, torch.Tensor]) -> Placement:
+        """Copy ``named`` (any device) into the file, growing it when they need more room."""
+        placement = place(named)
+        if os.fstat(self.fd).st_size < placement.num_bytes:
+            os.ftruncate(self.fd, placement.num_bytes)
+        region = self._mapped(placement.num_bytes)
+        for spot, tensor in zip(placement.tensors, named.values(), strict=True):
+            _view(region, spot).copy_(tensor.detach())
+        return placement
+
+    def read(self, placement: Placement) -> dict[str, torch.Tensor]:
+        """Views of the tensors of ``placement`` (valid until the writer writes again)."""
+        if os.fstat(self.fd).st_size < placement.num_bytes:
+            raise ValueError(
+                f"shared weights: the file holds {os.fstat(self.fd).st_size} bytes, the "
+                f"placement needs {placement.num_bytes}"
+            )
+        region = self._mapped(placement.num_bytes)
+        return {spot.name: _view(region, spot) for spot in placement.tensors}
+
+    def close(self) -> None:
+        self._bytes = None
+        self._map = None  # unmapped once the last view of it is gone
+        os.close(self.fd)
+
+    def _mapped(self, num_bytes: int) -> torch.Tensor:
+        if self._bytes is None or self._bytes.numel() < num_bytes:
+            # A larger file gets a new mapping; views of the old one keep it alive.
+            self._map = mmap.mmap(self.fd, os.fstat(self.fd).st_size)
+            self._bytes = torch.frombuffer(self._map, dtype=torch.uint8)
+        return self._bytes
+
+
+def _view(region: torch.Tensor, spot: TensorPlace) -> torch.Tensor:
+    dtype = spot.torch_dtype
+    numel = 1
+    for size in spot.shape:
+        numel *= size
+    nbytes = numel * torch.empty((), dtype=dtype).element_size()
+    return region[spot.offset : spot.offset + nbytes].view(dtype).view(spot.shape)
