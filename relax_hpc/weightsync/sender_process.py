@@ -81,6 +81,7 @@ class SenderProcess:
         self._lock = threading.Lock()  # one command and its reply at a time
         self._started = False
         self._in_flight = False  # a sync was begun and its reply not yet received
+        self._sent_placement = None  # the child holds it
 
     # --- the calls the trainer makes of a sender ----------------------------------------------
     def start(self) -> None:
@@ -133,7 +134,10 @@ class SenderProcess:
             if self._in_flight:
                 raise RuntimeError("begin_sync: the previous sync was not ended")
             placement = self._weights.write(dict(named_tensors))
-            self._send("sync", placement, policy_version, only)
+            # The child keeps the placement it was sent last (a policy's never changes).
+            fresh = placement if placement is not self._sent_placement else None
+            self._send("sync", fresh, policy_version, only)
+            self._sent_placement = placement
             self._in_flight = True
 
     def end_sync(self) -> SyncReport:
@@ -239,8 +243,9 @@ def serve(conn: Connection, nudges_fd: int, weights: SharedWeights) -> None:
 
 def _run(sender: WeightSender, weights: SharedWeights, name: str, args: list):
     if name == "sync":
-        placement, policy_version, only = args
-        return sender.sync(weights.read(placement), policy_version, only)
+        placement, policy_version, only = args  # None: the placement of the last sync
+        views = weights.read(placement) if placement is not None else weights.read_last()
+        return sender.sync(views, policy_version, only)
     if name == "admit_joiners":
         return sender.admit_joiners()
     raise ValueError(f"weightsync send process: unknown command {name!r}")

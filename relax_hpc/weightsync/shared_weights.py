@@ -63,37 +63,60 @@ def place(named: Mapping[str, torch.Tensor]) -> Placement:
 
 
 class SharedWeights:
-    """One memfd and its mapping, on either side; ``fd`` is what the other process needs."""
+    """One memfd and its mapping, on either side; ``fd`` is what the other process needs.
+
+    Both sides keep the views of the last placement: every version of a policy has the
+    same names, dtypes and shapes, so a write is one ``copy_`` per tensor and the same
+    ``Placement`` object comes back (the trainer then need not send it again)."""
 
     def __init__(self, fd: int | None = None) -> None:
         self.fd = os.memfd_create("relax-hpc-weights") if fd is None else fd
         self._map: mmap.mmap | None = None
         self._bytes: torch.Tensor | None = None  # the whole mapping as uint8
+        self._key: tuple = ()  # (name, dtype, shape) of each tensor of the last write
+        self._placement: Placement | None = None
+        self._views: dict[str, torch.Tensor] = {}
 
     def write(self, named: Mapping[str, torch.Tensor]) -> Placement:
         """Copy ``named`` (any device) into the file, growing it when they need more room."""
-        placement = place(named)
-        if os.fstat(self.fd).st_size < placement.num_bytes:
-            os.ftruncate(self.fd, placement.num_bytes)
-        region = self._mapped(placement.num_bytes)
-        for spot, tensor in zip(placement.tensors, named.values(), strict=True):
-            _view(region, spot).copy_(tensor.detach())
-        return placement
+        key = tuple((name, t.dtype, t.shape) for name, t in named.items())
+        if key != self._key or self._placement is None:
+            placement = place(named)
+            if os.fstat(self.fd).st_size < placement.num_bytes:
+                os.ftruncate(self.fd, placement.num_bytes)
+            self._remember(placement)
+            self._key = key
+        for view, tensor in zip(self._views.values(), named.values(), strict=True):
+            view.copy_(tensor.detach())
+        return self._placement
 
     def read(self, placement: Placement) -> dict[str, torch.Tensor]:
         """Views of the tensors of ``placement`` (valid until the writer writes again)."""
-        if os.fstat(self.fd).st_size < placement.num_bytes:
-            raise ValueError(
-                f"shared weights: the file holds {os.fstat(self.fd).st_size} bytes, the "
-                f"placement needs {placement.num_bytes}"
-            )
-        region = self._mapped(placement.num_bytes)
-        return {spot.name: _view(region, spot) for spot in placement.tensors}
+        if placement != self._placement:
+            size = os.fstat(self.fd).st_size
+            if size < placement.num_bytes:
+                raise ValueError(
+                    f"shared weights: the file holds {size} bytes, the placement needs "
+                    f"{placement.num_bytes}"
+                )
+            self._remember(placement)
+        return dict(self._views)
+
+    def read_last(self) -> dict[str, torch.Tensor]:
+        """The views of the placement read last (the writer wrote the same layout again)."""
+        if self._placement is None:
+            raise ValueError("shared weights: no placement was read yet")
+        return dict(self._views)
 
     def close(self) -> None:
-        self._bytes = None
+        self._views, self._placement, self._bytes = {}, None, None
         self._map = None  # unmapped once the last view of it is gone
         os.close(self.fd)
+
+    def _remember(self, placement: Placement) -> None:
+        region = self._mapped(placement.num_bytes)
+        self._views = {spot.name: _view(region, spot) for spot in placement.tensors}
+        self._placement = placement
 
     def _mapped(self, num_bytes: int) -> torch.Tensor:
         if self._bytes is None or self._bytes.numel() < num_bytes:

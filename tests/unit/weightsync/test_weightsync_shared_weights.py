@@ -60,3 +60,30 @@ def test_a_placement_larger_than_the_file_is_refused():
             writer.read(placement)
     finally:
         writer.close()
+
+
+def test_a_write_of_the_same_layout_keeps_its_placement_and_the_reader_its_views():
+    writer = SharedWeights()
+    reader = SharedWeights(os.dup(writer.fd))
+    try:
+        first = writer.write(_state(1.0))
+        views = reader.read(first)
+        second = writer.write(_state(2.0))
+        assert second is first  # nothing new to send to the reader
+        again = reader.read_last()
+        assert all(again[n].data_ptr() == views[n].data_ptr() for n in views)
+        assert torch.equal(again["embed.weight"], _state(2.0)["embed.weight"])
+        renamed = writer.write({"other": torch.ones(3)})
+        assert renamed is not first and list(reader.read(renamed)) == ["other"]
+    finally:
+        writer.close()
+        reader.close()
+
+
+def test_read_last_before_any_read_is_refused():
+    reader = SharedWeights()
+    try:
+        with pytest.raises(ValueError, match="no placement was read yet"):
+            reader.read_last()
+    finally:
+        reader.close()
