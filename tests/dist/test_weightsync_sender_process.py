@@ -6,12 +6,14 @@ a dead trainer takes the child with it."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
 import sys
 import textwrap
 import time
+from collections.abc import Iterator
 from dataclasses import replace
 
 import pytest
@@ -125,12 +127,20 @@ def test_a_published_shard_nudge_reaches_the_trainer_through_the_child(tmp_path)
         sender.close()
 
 
-def test_the_child_ignores_stop_signals_and_its_death_fails_the_next_call(tmp_path):
-    paths = RunPaths(tmp_path).create()
+@contextlib.contextmanager
+def _serving(paths: RunPaths) -> Iterator[SenderProcess]:
+    """A started ``SenderProcess`` whose child has served one sync (no engines), closed after."""
     sender = SenderProcess(paths, CONFIG, "cpu")
     sender.start()
     try:
         sender.sync(make_state(0), 0)
+        yield sender
+    finally:
+        sender.close()
+
+
+def test_the_child_ignores_stop_signals_and_its_death_fails_the_next_call(tmp_path):
+    with _serving(RunPaths(tmp_path).create()) as sender:
         child = sender._process
         for signum in (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT):
             child.send_signal(signum)  # Slurm signals every process of the step
@@ -141,8 +151,6 @@ def test_the_child_ignores_stop_signals_and_its_death_fails_the_next_call(tmp_pa
         child.wait()
         with pytest.raises(WeightSyncError, match=r"weight-send process .* exit code -9"):
             sender.sync(make_state(2), 2)
-    finally:
-        sender.close()
 
 
 PARENT = textwrap.dedent(
@@ -192,11 +200,6 @@ def test_trainer_json_names_the_trainer_not_the_child(tmp_path):
     from relax_hpc.paths import read_json
 
     paths = RunPaths(tmp_path).create()
-    sender = SenderProcess(paths, CONFIG, "cpu")
-    sender.start()
-    try:
-        sender.sync(make_state(0), 0)
+    with _serving(paths) as sender:
         assert read_json(paths.rendezvous_dir / "trainer.json")["pid"] == os.getpid()
         assert sender._process.pid != os.getpid()
-    finally:
-        sender.close()
