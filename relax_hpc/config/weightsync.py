@@ -47,7 +47,8 @@ class WeightSyncConfig:
         in a child process of the trainer (``weightsync/sender_process.py``) rather than a
         thread: a thread competes with the training loop for Python's GIL (measured on
         grpo_tiny, 2 cores: the async step 1.25x its training time with the thread). The
-        child owns the rendezvous store and the liveness port. false: a thread.
+        child owns the rendezvous store and the liveness port. Linux only (the weights
+        pass through a memfd); elsewhere, and with false, a thread.
     transport: ``buckets`` (``WeightSender``/``WeightReceiver``: packed buckets, checksummed
         on the receiver) or ``sglang_distributed`` (``per_tensor``: one broadcast per tensor
         straight into SGLang's tensor-parallel workers; rollout.backend must be sglang).

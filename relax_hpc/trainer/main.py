@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import time
 
 import torch
@@ -54,10 +55,12 @@ def make_sender(cfg: RunConfig, paths: RunPaths, device: torch.device, identity:
 
 def sends_from_process(cfg: RunConfig, backend: str) -> bool:
     """Whether the trainer's sender runs in a child process (``weightsync.send_process``):
-    only for a background send of host buckets over Gloo."""
+    only for a background send of host buckets over Gloo, and only where the weights can
+    be shared through a memfd (Linux; elsewhere, a laptop's macOS, the thread sends)."""
     w = cfg.weightsync
     background = w.background_send and cfg.mode == "async"
-    return background and w.send_process and w.transport == "buckets" and backend == "gloo"
+    process = w.send_process and hasattr(os, "memfd_create")
+    return background and process and w.transport == "buckets" and backend == "gloo"
 
 
 def build_backend(cfg: RunConfig, device: torch.device, identity: TaskIdentity):

@@ -183,3 +183,15 @@ def test_a_background_send_over_gloo_runs_in_a_child_process(overrides, from_pro
     assert sends_from_process(cfg, "gloo") is from_process
     assert not sends_from_process(cfg, "nccl")  # device tensors: the thread
 
+
+
+def test_without_memfd_the_thread_sends(monkeypatch):
+    """A laptop's macOS has no ``os.memfd_create``: grpo_tiny there sends from the thread."""
+    from relax_hpc.config import validate_run_config
+    from relax_hpc.config.compose import compose_run_config
+    from relax_hpc.trainer.main import sends_from_process
+
+    cfg = compose_run_config(["+experiment=grpo_tiny"])
+    validate_run_config(cfg)
+    monkeypatch.delattr("os.memfd_create")
+    assert not sends_from_process(cfg, "gloo")
