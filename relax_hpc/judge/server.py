@@ -61,6 +61,9 @@ CACHE_ITEMS = 65536
 READ_DEADLINE_S = 10.0
 MAX_READING = 64
 MAX_OPEN = 512  # reading + scoring; only holders of the token get to scoring
+# At a stop, how long requests already being answered may take: bounded, since a flood's
+# idle connections stay open until their read deadline.
+STOP_DRAIN_S = 2.0
 
 
 class Refusal(Exception):
@@ -161,9 +164,19 @@ class JudgeServer:
     def stop(self) -> None:
         self._http.shutdown()
         self._http.server_close()
+        self._drain(STOP_DRAIN_S)
         self.guard.stop()
         self._queue.put(None)
         self._threads[1].join(timeout=30)
+
+    def _drain(self, timeout_s: float) -> None:
+        """Until no admitted connection is open, at most ``timeout_s``. Handler threads are
+        daemons that ``server_close`` does not join: without this a request being answered
+        at the stop could be counted after the judge's final status was written (seen: a
+        refusal the flooding client got was missing there)."""
+        deadline = time.monotonic() + timeout_s
+        while self.guard.counts()[0] and time.monotonic() < deadline:
+            time.sleep(0.01)
 
     def score(self, items: list[ScoreItem]) -> list[RewardResult]:
         """Queue ``items`` for the batching thread and wait for their results."""

@@ -107,8 +107,20 @@ class RunWatcher:
             deadline = self.clock() + self.cfg.observe.alerts.poll_s
             while not should_stop() and self.clock() < deadline:
                 time.sleep(0.2)
+        self.last_look()
         self.ledger.tick()
         self.recoveries.close()
+
+    def last_look(self) -> None:
+        """The progress made since the last poll, when the watcher is told to stop: a run
+        shorter than ``poll_s`` (or whose first step fell in the last interval) still gets
+        its ``first_step`` alert before its end's. Nothing else: a stall is not judged at
+        the end."""
+        with contextlib.suppress(OSError):
+            status = read_json(self.paths.trainer_status, default={})
+            step = status.get("step")
+            if step is not None and step != self.last_step:
+                self._on_progress(step, status)
 
     # --- events --------------------------------------------------------------------------------
     def _on_progress(self, step: int, status: dict) -> None:

@@ -141,6 +141,44 @@ def test_a_client_without_the_runs_token_is_refused_and_nothing_is_judged(served
     assert server.counts.scored == 0 and server.counts.refused == 2
 
 
+class _SlowToRefuse(JudgeServer):
+    """Refuses like the judge, after a pause: a refusal still being answered at the stop."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.refusing = threading.Event()
+
+    def refuse(self, status: int, reason: str) -> tuple[int, bytes]:
+        self.refusing.set()
+        time.sleep(0.3)
+        return super().refuse(status, reason)
+
+
+def test_a_request_answered_at_the_stop_is_counted_before_stop_returns(judge_folder):
+    """The final status is written right after ``stop``: an answer given meanwhile must be in
+    the counts by then (handler threads are daemons that ``server_close`` does not join)."""
+    scorer = build_judge_engine_scorer(judge_config(judge_folder), RewardContext(seed=0))
+    server = _SlowToRefuse(scorer, "token", "127.0.0.1", 0).start()
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{server.port}/v1/score", data=b"{}", method="POST"
+    )  # unsigned: refused
+    codes = []
+
+    def post() -> None:
+        try:
+            urllib.request.urlopen(request, timeout=10)
+        except urllib.error.HTTPError as error:
+            codes.append(error.code)
+
+    client = threading.Thread(target=post)
+    client.start()
+    assert server.refusing.wait(10)
+    server.stop()
+    assert server.counts.refused == 1
+    client.join(10)
+    assert codes == [401]  # and the answer reached the client
+
+
 def test_a_request_retried_after_a_timeout_is_judged_once(served):
     paths, serve = served
     server = serve(delay_s=1.0)

@@ -222,6 +222,34 @@ def test_watcher_tells_started_first_step_and_a_stall_once(tmp_path, webhook_sin
     assert len(attempts) == 1 and attempts[0]["last_s"] - attempts[0]["start_s"] == 17 * 60
 
 
+def test_a_run_shorter_than_a_poll_still_gets_its_first_step_alert(tmp_path, webhook_sink):
+    """The watcher polls every ``poll_s``; a run whose steps all fell after its last poll
+    (a tiny run on a fast node) is looked at once more when the watcher is told to stop."""
+    cfg, paths = _run(tmp_path, min_interval_s=0, poll_s=3600)
+    notifier = Notifier(
+        cfg.observe.alerts,
+        RateLimiter(cfg.observe.alerts, AlertState(paths.alert_state)),
+        apprise_delivery([webhook_sink.url], timeout_s=20),
+    )
+    watcher = RunWatcher(cfg, paths, notifier)
+    before = len(webhook_sink.posts)
+    watcher.on_start("77", restart=0)
+    polls = []
+
+    def should_stop() -> bool:  # the first poll sees no step; then the run ends
+        polls.append(1)
+        if len(polls) == 2:
+            _trainer_status(paths, 40)
+        return len(polls) > 2
+
+    watcher.run(should_stop)
+    notifier.close(timeout_s=20)
+    assert webhook_sink.titles()[before:] == [
+        "relax_hpc watched: started (job 77)",
+        "relax_hpc watched: first training step done",
+    ]
+
+
 def test_a_given_up_pool_worker_is_a_failed_alert_and_the_runs_own_is_left_to_the_end(
     tmp_path,
 ):
