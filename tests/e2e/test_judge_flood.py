@@ -21,7 +21,7 @@ from relax_hpc.paths import RunPaths, read_json
 from relax_hpc.rollout.rewards.judge_address import read_judge_addresses
 
 pytestmark = pytest.mark.slow
-STEPS = 24  # the first wave (300 accepts) takes seconds on 2 loaded cores: it must end first
+STEPS = 48  # the first wave (300 accepts) takes seconds on 2 loaded cores: it must end first
 WAVE = 300  # idle connections opened at once, as in the report of #34
 BODY_BYTES = 60 << 20  # announced by each unsigned body; never read
 CUT_SLACK_S = 15.0  # beyond the read deadline: the reaper's poll and a loaded machine
