@@ -2,13 +2,14 @@
 
 The trainer writes a policy version's weights into the file (one copy, as its snapshot
 for a background send would make anyway) and hands another process only a small
-``Placement``: per tensor its name, dtype, shape and byte offset. That process maps the
-same file and sees the tensors as views, without a copy and without pickling them.
+placement: the wire protocol's ``Layout`` with one bucket (per tensor its name, dtype,
+shape and byte offset). That process maps the same file and sees the tensors as views
+(``protocol.unpack``), without a copy and without pickling them.
 
 The file is a ``memfd`` (Linux): it has no name in any filesystem, so nothing is left
 behind when both processes end, and only a process handed its descriptor can map it.
-Offsets are multiples of ``ALIGN_BYTES`` so that each byte slice can be viewed as its
-dtype. The writer must not write while the reader still uses the previous placement
+Offsets are aligned as on the wire, so that each byte slice can be viewed as its dtype. The
+writer must not write while the reader still uses the previous placement
 (``SenderProcess`` waits for a sync's reply before the next write). Must not: know what
 the tensors are for.
 """
@@ -17,49 +18,22 @@ from __future__ import annotations
 
 import mmap
 import os
+import sys
 from collections.abc import Mapping
-from dataclasses import dataclass
 
 import torch
 
-ALIGN_BYTES = 64
+from relax_hpc.weightsync.protocol import Layout, as_named_list, plan_layout, unpack
+
+# The whole file is one bucket of the wire protocol's layout (aligned offsets, known dtypes,
+# unique names): no bucket size splits it.
+_ONE_BUCKET = sys.maxsize
 
 
-@dataclass(frozen=True)
-class TensorPlace:
-    name: str
-    dtype: str  # e.g. "float32" (torch.float32 without its prefix)
-    shape: tuple[int, ...]
-    offset: int  # bytes from the start of the file
-
-    @property
-    def torch_dtype(self) -> torch.dtype:
-        dtype = getattr(torch, self.dtype, None)
-        if not isinstance(dtype, torch.dtype):
-            raise ValueError(f"shared weights: {self.name} has an unknown dtype {self.dtype!r}")
-        return dtype
-
-
-@dataclass(frozen=True)
-class Placement:
-    """Where each tensor of one write lies in the file, and the file's size then."""
-
-    tensors: tuple[TensorPlace, ...]
-    num_bytes: int
-
-
-def _aligned(num_bytes: int) -> int:
-    return -(-num_bytes // ALIGN_BYTES) * ALIGN_BYTES
-
-
-def place(named: Mapping[str, torch.Tensor]) -> Placement:
-    """The placement of ``named`` in a file, in their order."""
-    places, offset = [], 0
-    for name, tensor in named.items():
-        dtype = str(tensor.dtype).removeprefix("torch.")
-        places.append(TensorPlace(name, dtype, tuple(tensor.shape), offset))
-        offset += _aligned(tensor.numel() * tensor.element_size())
-    return Placement(tuple(places), max(offset, ALIGN_BYTES))
+def place(named: Mapping[str, torch.Tensor]) -> Layout:
+    """Where each of ``named`` lies in the file, in their order: one bucket of the wire
+    protocol's layout (``protocol.plan_layout``), dtypes kept."""
+    return plan_layout(as_named_list(named), _ONE_BUCKET, None)
 
 
 class SharedWeights:
@@ -67,37 +41,37 @@ class SharedWeights:
 
     Both sides keep the views of the last placement: every version of a policy has the
     same names, dtypes and shapes, so a write is one ``copy_`` per tensor and the same
-    ``Placement`` object comes back (the trainer then need not send it again)."""
+    ``Layout`` object comes back (the trainer then need not send it again)."""
 
     def __init__(self, fd: int | None = None) -> None:
         self.fd = os.memfd_create("relax-hpc-weights") if fd is None else fd
         self._map: mmap.mmap | None = None
         self._bytes: torch.Tensor | None = None  # the whole mapping as uint8
         self._key: tuple = ()  # (name, dtype, shape) of each tensor of the last write
-        self._placement: Placement | None = None
+        self._placement: Layout | None = None
         self._views: dict[str, torch.Tensor] = {}
 
-    def write(self, named: Mapping[str, torch.Tensor]) -> Placement:
+    def write(self, named: Mapping[str, torch.Tensor]) -> Layout:
         """Copy ``named`` (any device) into the file, growing it when they need more room."""
         key = tuple((name, t.dtype, t.shape) for name, t in named.items())
         if key != self._key or self._placement is None:
             placement = place(named)
-            if os.fstat(self.fd).st_size < placement.num_bytes:
-                os.ftruncate(self.fd, placement.num_bytes)
+            if os.fstat(self.fd).st_size < placement.total_nbytes:
+                os.ftruncate(self.fd, placement.total_nbytes)
             self._remember(placement)
             self._key = key
         for view, tensor in zip(self._views.values(), named.values(), strict=True):
             view.copy_(tensor.detach())
         return self._placement
 
-    def read(self, placement: Placement) -> dict[str, torch.Tensor]:
+    def read(self, placement: Layout) -> dict[str, torch.Tensor]:
         """Views of the tensors of ``placement`` (valid until the writer writes again)."""
         if placement != self._placement:
             size = os.fstat(self.fd).st_size
-            if size < placement.num_bytes:
+            if size < placement.total_nbytes:
                 raise ValueError(
                     f"shared weights: the file holds {size} bytes, the placement needs "
-                    f"{placement.num_bytes}"
+                    f"{placement.total_nbytes}"
                 )
             self._remember(placement)
         return dict(self._views)
@@ -113,9 +87,9 @@ class SharedWeights:
         self._map = None  # unmapped once the last view of it is gone
         os.close(self.fd)
 
-    def _remember(self, placement: Placement) -> None:
-        region = self._mapped(placement.num_bytes)
-        self._views = {spot.name: _view(region, spot) for spot in placement.tensors}
+    def _remember(self, placement: Layout) -> None:
+        region = self._mapped(placement.total_nbytes)
+        self._views = unpack([region], placement)
         self._placement = placement
 
     def _mapped(self, num_bytes: int) -> torch.Tensor:
@@ -125,11 +99,3 @@ class SharedWeights:
             self._bytes = torch.frombuffer(self._map, dtype=torch.uint8)
         return self._bytes
 
-
-def _view(region: torch.Tensor, spot: TensorPlace) -> torch.Tensor:
-    dtype = spot.torch_dtype
-    numel = 1
-    for size in spot.shape:
-        numel *= size
-    nbytes = numel * torch.empty((), dtype=dtype).element_size()
-    return region[spot.offset : spot.offset + nbytes].view(dtype).view(spot.shape)
