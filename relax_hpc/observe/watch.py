@@ -83,14 +83,8 @@ class RunWatcher:
 
     def poll(self) -> None:
         self.ledger.tick()
-        status = read_json(self.paths.trainer_status, default={})
-        step = status.get("step")
-        if step is not None and step != self.last_step:
-            self._on_progress(step, status)
-        elif not self.stalled and self._stalled_for_s() >= self._stall_s():
-            self._on_stall()
-        elif self.stalled and self.clock() - self.acted_s >= self._stall_s():
-            self._restart_hung()  # still stalled: look again
+        if not self._saw_progress():
+            self._judge_stall()
         checkpoint = _checkpoint_step(self.paths)
         if checkpoint is not None and checkpoint != self.last_checkpoint:
             self.last_checkpoint = checkpoint
@@ -117,12 +111,18 @@ class RunWatcher:
         its ``first_step`` alert before its end's. Nothing else: a stall is not judged at
         the end."""
         with contextlib.suppress(OSError):
-            status = read_json(self.paths.trainer_status, default={})
-            step = status.get("step")
-            if step is not None and step != self.last_step:
-                self._on_progress(step, status)
+            self._saw_progress()
 
     # --- events --------------------------------------------------------------------------------
+    def _saw_progress(self) -> bool:
+        """Whether the trainer's status shows a step not seen before (then told as progress)."""
+        status = read_json(self.paths.trainer_status, default={})
+        step = status.get("step")
+        if step is None or step == self.last_step:
+            return False
+        self._on_progress(step, status)
+        return True
+
     def _on_progress(self, step: int, status: dict) -> None:
         self.last_step, self.last_progress_s = step, self.clock()
         if self.stalled:
@@ -137,6 +137,13 @@ class RunWatcher:
                 f"Step {step} done; reward/mean {metrics.get('reward/mean', float('nan')):.3f}.\n"
             )
             self._send("first_step", "first training step done", body + self._where())
+
+    def _judge_stall(self) -> None:
+        """No new step since the last look: tell a stall once, then act on it again later."""
+        if not self.stalled and self._stalled_for_s() >= self._stall_s():
+            self._on_stall()
+        elif self.stalled and self.clock() - self.acted_s >= self._stall_s():
+            self._restart_hung()  # still stalled: look again
 
     def _stalled_for_s(self) -> float:
         if self.paths.trainer_done.exists():
