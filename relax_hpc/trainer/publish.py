@@ -125,16 +125,14 @@ class ChildPublisher:
     hand-off to the round's start, which the engines' generation then waits for)."""
 
     def __init__(self, sender, metrics_of: Callable[[object], dict[str, float]]) -> None:
-        self.sender = sender  # begin_sync / end_sync / sync
+        self.sender = sender  # begin_sync / end_sync / sync / in_flight
         self.metrics_of = metrics_of  # a SyncReport -> the sync's metrics
-        self._in_flight = False
 
     def publish(self, weights: Mapping[str, torch.Tensor], policy_version: int) -> dict:
         start = time.perf_counter()
         metrics = self.wait()
         metrics["weightsync/wait_previous_s"] = time.perf_counter() - start
         self.sender.begin_sync(weights, policy_version)
-        self._in_flight = True
         return metrics
 
     def publish_now(
@@ -146,9 +144,8 @@ class ChildPublisher:
 
     def wait(self) -> dict[str, float]:
         """Until the sync in flight ended; its metrics; raises its error."""
-        if not self._in_flight:
+        if not self.sender.in_flight:
             return {}
-        self._in_flight = False
         return self.metrics_of(self.sender.end_sync())
 
     def close(self) -> None:

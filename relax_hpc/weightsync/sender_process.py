@@ -140,6 +140,11 @@ class SenderProcess:
             self._sent_placement = placement
             self._in_flight = True
 
+    @property
+    def in_flight(self) -> bool:
+        """A sync was begun and its report not yet collected (``end_sync``)."""
+        return self._in_flight
+
     def end_sync(self) -> SyncReport:
         """Until the sync begun last ended; its report (raises its error)."""
         with self._lock:
