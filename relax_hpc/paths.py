@@ -145,15 +145,18 @@ def exclusive_create_json(
     when the name exists, atomically on NFS too (``O_EXCL`` is not safe on every NFS), and
     readers never see a partial file, after a crash either: the content is flushed before
     the name exists. The way to claim a name that several processes race for.
-    ``durable=False`` skips flushing the directory after the link, so a crash may lose the
-    name (never leave it with partial content); only for names whose loss costs repeated
-    work, not correctness (the caller says why).
+    ``durable=False`` flushes nothing: a crash may lose the name, or keep the name with its
+    content lost (an empty file: the name's metadata can reach the disk before the data).
+    Only for names whose loss costs repeated work, not correctness, and whose readers take
+    an unreadable file for one a crash left (the caller says how). While the machine is up
+    the content is whole before the name exists either way (written and closed first).
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = _tmp_name(path)
+    data = (json.dumps(obj, indent=2, sort_keys=True) + "\n").encode("utf-8")
     # The temp name is this call's alone and never read: no rename, no directory flush.
-    _write_new(tmp, (json.dumps(obj, indent=2, sort_keys=True) + "\n").encode("utf-8"), mode, True)
+    _write_new(tmp, data, mode, flush=durable)
     try:
         os.link(tmp, path)
         if durable:

@@ -31,9 +31,9 @@ Redos come first: a group the trainer dropped as stale is asked for again in
 least as new as the trainer's when it dropped the group, publishes it under the redo's own
 sample ids and marks it ``<key>.done``.
 
-Durability: a claim's content is fsynced before its name exists (a claim that names no
-holder would never expire), and a floor's too; nothing else here is fsynced (2 fsyncs
-per chunk, down from 8), because exactly-once does not rest on the markers' durability:
+Durability: nothing here is fsynced (8 fsyncs per chunk once, then 2, now none: the
+claim's fsync alone held the rollout's critical path ~2 ms a step), because exactly-once
+does not rest on the markers' durability:
 
 * nothing is trained twice whatever the markers say: the trainer's ledger keeps every
   delivered sample id in its checkpoint and drops a republished one as a duplicate;
@@ -42,10 +42,13 @@ per chunk, down from 8), because exactly-once does not rest on the markers' dura
   created only once every done marker below it exists; so any done marker or floor that
   exists, before or after a crash, seen from any node, stands for durable shards.
 
-A node crash can only *lose* markers: a lost done marker or floor makes finished chunks
-look open (generated again, dropped as duplicates), a lost claim frees its chunk (claimed
-again). That costs repeated work, bounded by what the crashed node's page cache held;
-NFS and Lustre make link, rename and unlink durable on the server before they return.
+A node crash can only *lose* markers or their content: a lost done marker or floor makes
+finished chunks look open (generated again, dropped as duplicates), a lost claim frees its
+chunk (claimed again). A claim whose name survived but whose content did not (empty or
+not JSON: it names no holder) is taken over once its file is older than ``lease_s``, as a
+dead holder's would be; a floor's content is never read. That costs repeated work, bounded
+by what the crashed node's page cache held; NFS and Lustre make link, rename and unlink
+durable on the server before they return.
 
 The data position is this folder, not a worker's progress: it lives on the shared run
 directory beside the spool and survives any worker's crash. Must not: read shards or
@@ -231,15 +234,30 @@ class GroupAssignment:
     def _claim_expired(self, claim: Path) -> bool:
         holder = self._holder(claim)
         if holder is None:
-            return False  # vanished under us (completed or taken over): look again later
+            return self._content_lost(claim)
         worker, incarnation = holder
         if worker == self.worker:
             return incarnation != self.incarnation  # mine, from before a restart
         return not heartbeat_alive(self.root, worker, self.lease_s, self.clock())
 
+    def _content_lost(self, claim: Path) -> bool:
+        """A claim that names no holder: vanished under us (completed or taken over: look
+        again later), or left by a crash that kept its name but lost its unflushed content
+        (expired once older than a lease: its content was written before its name)."""
+        try:
+            age_s = self.clock() - claim.stat().st_mtime
+        except FileNotFoundError:
+            return False
+        return age_s > self.lease_s
+
     def _holder(self, claim: Path) -> tuple[str, str] | None:
         found = read_json(claim, default=None)
-        return None if found is None else (found["worker"], found["incarnation"])
+        if not isinstance(found, dict):
+            return None
+        worker, incarnation = found.get("worker"), found.get("incarnation")
+        if not isinstance(worker, str) or not isinstance(incarnation, str):
+            return None
+        return worker, incarnation
 
     def _try_claim(self, batch: int, index: int) -> bool:
         folder = self._batch_dir(batch)
@@ -251,25 +269,45 @@ class GroupAssignment:
 
     def _take(self, claim: Path, done: Path, collected: Callable[[], bool]) -> bool:
         """Create ``claim``, taking over an expired one; False if another won or it is done."""
-        if claim.exists():
-            # Taken over: only the process whose rename wins may claim; a loser sees ENOENT.
-            expired = claim.with_name(f"{claim.stem}.expired.{self.incarnation}")
-            try:
-                os.rename(claim, expired)
-            except FileNotFoundError:
-                return False
-            expired.unlink(missing_ok=True)
+        if claim.exists() and not self._take_over(claim):
+            return False
         if collected():
             return False  # done and collected meanwhile
         try:
             claim.parent.mkdir(parents=True, exist_ok=True)
             won = exclusive_create_json(claim, self._stamp(), durable=False)
-        except FileNotFoundError:
-            return False  # the folder was collected under a new floor
+        except (FileNotFoundError, FileExistsError):
+            # The folder was collected under a new floor (FileExistsError: mkdir found it,
+            # then it was gone before mkdir could see it was a folder).
+            return False
         if won and (collected() or done.exists()):
             claim.unlink(missing_ok=True)  # done meanwhile: nothing to generate
             return False
         return won
+
+    def _take_over(self, claim: Path) -> bool:
+        """Move an expired ``claim`` out of the way; False if it is not (or no longer) one.
+
+        Judged again here, not only when the chunk looked open: another worker may have
+        claimed it since (a live claim then). Only the process whose rename wins goes on; a
+        loser sees ENOENT. A rename that moved a live claim after all (created between the
+        judgement and the rename) puts it back."""
+        if not self._claim_expired(claim):
+            return False
+        moved = claim.with_name(f"{claim.stem}.expired.{self.incarnation}")
+        try:
+            os.rename(claim, moved)
+        except FileNotFoundError:
+            return False
+        try:
+            if self._claim_expired(moved):
+                return True
+            os.link(moved, claim)  # fails if yet another claim exists: that one holds it
+        except FileExistsError:
+            pass
+        finally:
+            moved.unlink(missing_ok=True)
+        return False
 
     def _batch_done(self, batch: int) -> bool:
         folder = self._batch_dir(batch)
@@ -307,9 +345,12 @@ def held_claims(root: Path) -> dict[str, list[tuple[str, float]]]:
         folder = root / f"b{batch:08d}"
         for name in sorted(_names(folder)):
             if name.endswith(".claim"):
-                claim = read_json(folder / name, default=None) or {"worker": "?"}
+                claim = read_json(folder / name, default=None)
+                if not isinstance(claim, dict):  # its content lost in a crash (see above)
+                    claim = {}
                 chunk = (f"b{batch:08d}/{name[:-6]}", float(claim.get("time", 0.0)))
-                held.setdefault(claim["worker"], []).append(chunk)
+                worker = claim.get("worker")
+                held.setdefault(worker if isinstance(worker, str) else "?", []).append(chunk)
     return held
 
 

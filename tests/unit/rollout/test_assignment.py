@@ -92,6 +92,40 @@ def test_a_hung_worker_completing_a_chunk_taken_over_and_collected_is_a_no_op(tm
     assert a.claim(1).groups == (5, 6)  # and it goes on with the next batch
 
 
+def test_a_claim_made_after_the_chunk_looked_open_is_not_taken_over(tmp_path):
+    """The window between judging a chunk open (no claim yet) and creating the claim:
+    another worker's claim made meanwhile is live, and stays its own (found by the racing
+    test below once claims stopped being fsynced: two workers generated one chunk)."""
+    a, b = assignment(tmp_path, "r0"), assignment(tmp_path, "r1")
+    beat(tmp_path, "r0"), beat(tmp_path, "r1")
+    assert b._is_open(0, 0)  # b looks: nobody holds chunk 0
+    held = a.claim(0)  # a claims it before b creates its claim
+    assert not b._try_claim(0, 0)
+    assert a.holders() == {"r0": ["b00000000/j0000"]}
+    a.complete(held)
+    assert b.claim(0).groups == (2, 3)
+
+
+@pytest.mark.parametrize("content", [b"", b'{"wor', b"[]", b'{"worker": 3}'])
+def test_a_claim_whose_content_a_crash_lost_passes_on_after_the_lease(tmp_path, content):
+    """Claims are not fsynced (the module docstring): after a node crash the name can
+    survive without its content. Such a claim names no holder; it is taken over once its
+    file is older than a lease, and never while it is young."""
+    a, b = assignment(tmp_path, "r0", lease_s=30), assignment(tmp_path, "r1", lease_s=30)
+    beat(tmp_path, "r0"), beat(tmp_path, "r1")
+    held = a.claim(0)
+    claim = tmp_path / "assign" / "b00000000" / "j0000.claim"
+    claim.write_bytes(content)
+    b.claim(0), b.claim(0)
+    assert b.claim(0) is None  # young: as if its holder were still writing it
+    assert b.holders()["?"] == ["b00000000/j0000"]  # the status shows it, holder unknown
+    old = time.time() - 31
+    os.utime(claim, (old, old))
+    assert b.lowest_open_batch() == 0
+    assert b.claim(0).groups == held.groups
+    assert "?" not in b.holders()
+
+
 def test_a_worker_that_left_frees_its_claims_at_once(tmp_path):
     a, b = assignment(tmp_path, "r0"), assignment(tmp_path, "r1")
     beat(tmp_path, "r1")
