@@ -316,7 +316,9 @@ class GroupAssignment:
     def _raise_floor(self) -> None:
         floor = self.floor()
         while self._batch_done(floor):
-            raised = exclusive_create_json(self.root / "floor" / f"{floor + 1:08d}", {}, durable=False)
+            raised = exclusive_create_json(
+                self.root / "floor" / f"{floor + 1:08d}", {}, durable=False
+            )
             if not raised:
                 return  # another worker raised it and collects
             shutil.rmtree(self._batch_dir(floor), ignore_errors=True)

@@ -125,7 +125,7 @@ def rewritten(path: Path, header_checksum: bool = False) -> Iterator[h5py.File]:
     with h5py.File(path, "r+") as h5:
         yield h5
         if header_checksum:
-            header = _header_fields(h5.attrs, path.name)
+            header = _header_fields(h5, path.name)
             checksums = json.loads(h5.attrs[CHECKSUMS_ATTR])
             checksums[HEADER_CHECKSUM_KEY] = _header_checksum(header)
             h5.attrs[CHECKSUMS_ATTR] = json.dumps(checksums, sort_keys=True)
