@@ -6,8 +6,10 @@ One ``MetricsLogger`` per process. Metric names follow one vocabulary across rol
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import math
+import threading
 import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
@@ -53,6 +55,65 @@ class PhaseTimer:
         return out
 
 
+class BackgroundStatusFile:
+    """Writes the latest record given to ``put`` to ``path`` on a thread of its own.
+
+    A status file rewritten every step costs its writer a create, a write and a rename
+    over the previous file (~0.3 ms of a quiet core; ~1.3 ms of the trainer's step under
+    the run's own load, py-spy), and nobody waits for it: the thread writes the newest
+    record it holds and skips any that a newer one replaced, so files appear in step order.
+    The thread needs the GIL only around its system calls. An error of a write (a full
+    disk) is raised by the next ``put`` or by ``close``, in the caller's thread, as if the
+    caller had written. ``close`` (also at interpreter exit) writes what is pending.
+    """
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._pending: dict | None = None
+        self._error: BaseException | None = None
+        self._closed = False
+        self._wake = threading.Condition()
+        self._thread = threading.Thread(target=self._run, name="status-file", daemon=True)
+        self._thread.start()
+        atexit.register(self.close)
+
+    def put(self, record: dict) -> None:
+        with self._wake:
+            self._raise_error()
+            self._pending = record
+            self._wake.notify()
+
+    def close(self) -> None:
+        atexit.unregister(self.close)
+        with self._wake:
+            self._closed = True
+            self._wake.notify()
+        self._thread.join()
+        with self._wake:
+            self._raise_error()
+
+    def _raise_error(self) -> None:
+        error, self._error = self._error, None
+        if error is not None:
+            raise error
+
+    def _run(self) -> None:
+        while True:
+            with self._wake:
+                while self._pending is None and not self._closed:
+                    self._wake.wait()
+                record, self._pending = self._pending, None
+                if record is None:  # closed, nothing left
+                    return
+            try:
+                # Advisory, rewritten every step (watcher, console, status CLI): no fsync
+                # (paths' module docstring); a crash loses at most the last step's line.
+                atomic_write_json(self.path, record, durable=False)
+            except Exception as error:  # noqa: BLE001 - handed to the caller's thread
+                with self._wake:
+                    self._error = error
+
+
 class MetricsLogger:
     """Writes scalars to a TensorBoard run and the latest values to a status JSON file.
 
@@ -61,15 +122,27 @@ class MetricsLogger:
     a pure-Python CRC32C and appended with its own open/write/close, and a trainer step
     logs ~40 scalars (1.7 -> 0.24 ms of CPU per step for 43 scalars, measured). Readers
     (TensorBoard, ``EventAccumulator``) see the same scalars, steps and wall times.
+    ``status_in_background``: the status file is written by a ``BackgroundStatusFile``
+    (the trainer: off its step), so it may lag ``log`` by a write until ``close``.
     """
 
-    def __init__(self, tensorboard_dir: Path | None, status_path: Path | None) -> None:
+    def __init__(
+        self,
+        tensorboard_dir: Path | None,
+        status_path: Path | None,
+        status_in_background: bool = False,
+    ) -> None:
         self.writer = None
         if tensorboard_dir is not None:
             from torch.utils.tensorboard.writer import FileWriter
 
             self.writer = FileWriter(str(tensorboard_dir), flush_secs=10)
         self.status_path = status_path
+        self.background_status = (
+            BackgroundStatusFile(status_path)
+            if status_path is not None and status_in_background
+            else None
+        )
         self.last: dict[str, float] = {}
 
     def add_scalars(self, step: int, metrics: Mapping[str, float]) -> None:
@@ -87,9 +160,12 @@ class MetricsLogger:
         self.last = finite
         if self.status_path is not None:
             record = {"step": step, "time": time.time(), "metrics": finite, **(extra or {})}
-            # Advisory, rewritten every step (watcher, console, status CLI): no fsync
-            # (paths' module docstring); a crash loses at most the last step's line.
-            atomic_write_json(self.status_path, record, durable=False)
+            if self.background_status is not None:
+                self.background_status.put(record)
+            else:
+                # Advisory, rewritten every step (watcher, console, status CLI): no fsync
+                # (paths' module docstring); a crash loses at most the last step's line.
+                atomic_write_json(self.status_path, record, durable=False)
 
     def flush(self) -> None:
         if self.writer is not None:
@@ -98,6 +174,8 @@ class MetricsLogger:
     def close(self) -> None:
         if self.writer is not None:
             self.writer.close()
+        if self.background_status is not None:
+            self.background_status.close()
 
 
 class WarmStartStatus:

@@ -108,6 +108,7 @@ def _train(cfg: RunConfig, paths: RunPaths, identity: TaskIdentity, device: torc
     metrics = MetricsLogger(
         paths.trainer_tensorboard_dir if leader else None,
         paths.trainer_status if leader else None,
+        status_in_background=True,  # off the step's path (observe/metrics.py)
     )
 
     def sync(weights, policy_version: int, only: list[str] | None) -> dict[str, float]:
@@ -146,6 +147,7 @@ def _train(cfg: RunConfig, paths: RunPaths, identity: TaskIdentity, device: torc
     _resume_or_start(cfg, paths, trainer)
     publish_weights(trainer.progress.policy_version)
     exit_code = trainer.run()
+    metrics.close()  # the last step's status on disk before anything says the run ended
     if publisher is not None:
         publisher.close()  # the last version reaches the engines before the sender closes
     if exit_code == exitcodes.DONE:
@@ -155,7 +157,6 @@ def _train(cfg: RunConfig, paths: RunPaths, identity: TaskIdentity, device: torc
             _finish(paths, trainer)
     elif exit_code == exitcodes.STOPPED and leader:
         _write_audit(paths, trainer)  # what the stop's checkpoint holds, for the tests
-    metrics.close()
     if sender is not None:
         sender.close()
     return exit_code
