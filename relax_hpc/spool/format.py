@@ -1,21 +1,23 @@
 """The HDF5 shard format: encode groups of samples to bytes, decode and validate them.
 
-Layout (schema version 3; version 2 below). File attributes: ``schema`` (= ``SCHEMA_NAME``),
-``schema_version``, ``writer_id``, ``created_unix_s``, ``num_groups``, ``num_samples``,
-``min_policy_version``, ``max_policy_version``, ``checksums`` (see below). Datasets, all
-1-D unless noted (G groups, N samples):
+Layout (schema version 4; versions 2 and 3 below). File attributes: ``schema`` (=
+``SCHEMA_NAME``), ``schema_version``, ``writer_id``, ``created_unix_s``, ``num_groups``,
+``num_samples``, ``min_policy_version``, ``max_policy_version``, ``checksums`` (see below).
+Datasets, all 1-D unless noted (G groups, N samples, P prompt and R response tokens):
 
-    offsets                     int64 (G+1 + 2(N+1),)  three offsets arrays end to end: groups
+    text                        uint8: every per-sample text column, in sections that each
+                                start at a multiple of 8 bytes (``columns.text_sections``):
+        offsets                 int64 (G+1 + 2(N+1),)  three offsets arrays end to end: groups
                                 (samples of group g are [o[g], o[g+1])), then prompt tokens,
-                                then response tokens of each sample
-    sample/scalars              compound (N,): data_index, policy_version, num_turns (int64),
+                                then response tokens of each sample (P and R: their ends)
+        scalars                 compound (N,): data_index, policy_version, num_turns (int64),
                                 reward (float64), little-endian, one record per sample
-    sample/json                 uint8: the utf-8 JSON object {column: [N values]} of
+        prompt/token_ids        int32 (P,), cut by the prompt offsets
+        response/token_ids, response/loss_mask, response/rollout_logprobs
+                                int32 / uint8 / float32 (R,), cut by the response offsets
+        json                    to the end: the utf-8 JSON object {column: [N values]} of
                                 sample_id, group_id, finish_reason (strings), reward_details,
                                 timings_s, metadata (objects): one encode/decode per shard
-    prompt/token_ids            int32, cut by the prompt offsets
-    response/token_ids, response/loss_mask, response/rollout_logprobs
-                                int32 / uint8 / float32, cut by the response offsets
     images/values, images/value_offsets, images/shapes, images/shape_offsets,
     images/sample_offsets       a list of uint8 arrays: flat values, per-array offsets,
                                 concatenated shapes, and which arrays belong to which sample
@@ -42,13 +44,17 @@ Media (``MediaPayload.to_arrays`` of each of the M stored payloads, concatenated
     media/audio/lengths         int64 (C,)    samples of each clip
     media/audio/offsets         int64 (M+1,)  clips of media group m
 
-Version 2 (written before version 3; still read, never written) has the same attributes,
-``images``/``audio``/``media`` datasets, token arrays and checksums, but one dataset per
-column and per offsets array instead of the three packed ones: ``groups/offsets`` (G+1,),
+Version 3 (written before version 4; still read, never written) has the same attributes,
+``images``/``audio``/``media`` datasets and checksums, and the sections of ``text`` as seven
+datasets of their own: ``offsets``, ``sample/scalars``, ``sample/json``,
+``prompt/token_ids`` and the three ``response/`` arrays. Version 2 (before version 3) has
+one dataset per column and per offsets array instead: ``groups/offsets`` (G+1,),
 ``sample/<column>`` for each scalar column (its dtype) and each JSON column (a JSON array of
-N values), ``prompt/offsets`` and ``response/offsets`` (N+1,). 17 datasets for a text shard
-instead of 7 (h5py costs ~0.15 ms per dataset to create and as much to read: ~1.1 ms of CPU
-per 128-sample shard on each side, ``benchmarks/shard_io.py``). ``columns.TEXT_READERS`` decodes each.
+N values), ``prompt/offsets`` and ``response/offsets`` (N+1,): 17 datasets for a text shard.
+h5py costs ~0.1 ms of CPU per dataset to create and as much to read (~0.3 ms in a running
+trainer, whose caches its step has just filled), more than a small shard's bytes: one
+dataset instead of seven halved a 128-sample shard's write and read
+(``benchmarks/shard_io.py``). ``columns.TEXT_READERS`` decodes each version.
 
 The reader builds one ``MediaPayload`` per stored payload and gives a group's to every
 sample of the group (shared, as written). A shard without per-sample payloads has no
@@ -74,8 +80,8 @@ it), never a silently different sample. CRC-32 detects every burst error up to 3
 and any other change with probability 1 - 2**-32; it is not a MAC (see SECURITY.md).
 Cost: ~1.8 GB/s per core, measured in ``benchmarks/spool_throughput.py``.
 
-Concatenated arrays with offsets (no per-sample datasets) keep a shard to 7 datasets (text)
-to 27 (images, audio and media), so encoding is a few large memcpys and decoding yields
+Concatenated arrays with offsets (no per-sample datasets) keep a shard to 1 dataset (text)
+to 21 (images, audio and media), so encoding is a few large memcpys and decoding yields
 zero-copy views. No compression:
 token ids and pixels compress poorly and the spool's budget is bandwidth, not disk.
 
@@ -113,13 +119,15 @@ from relax_hpc.spool.columns import (
     SCALARS_DTYPE,
     TEXT_READERS,
     Columns,
+    align,
     json_list,
+    text_sections,
 )
 from relax_hpc.spool.errors import ShardCorruptError, ShardVersionError
 from relax_hpc.spool.sample import AudioClip, Group, Sample
 
 SCHEMA_NAME = "relax_hpc.spool.shard"
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 MIN_SCHEMA_VERSION = 2  # the first version with checksums
 CHECKSUMS_ATTR = "checksums"
 HEADER_CHECKSUM_KEY = "header"
@@ -206,27 +214,51 @@ def _check_group(group: Sequence[Sample], index: int) -> None:
             raise ValueError(f"sample {s.sample_id!r}: policy_version must be >= 0")
 
 
+def _text_blob(groups: Sequence[Sequence[Sample]], samples: list[Sample]) -> np.ndarray:
+    """Version 4's ``text`` dataset: the sections of ``columns.text_sections``, each at a
+    multiple of 8 bytes, then the JSON columns (the module docstring)."""
+    prompt_offsets = _offsets([len(s.prompt_token_ids) for s in samples])
+    response_offsets = _offsets([len(s.response_token_ids) for s in samples])
+    values = {
+        "offsets": np.concatenate(
+            [_offsets([len(g) for g in groups]), prompt_offsets, response_offsets]
+        ),
+        "scalars": [tuple(getattr(s, c) for c in SCALAR_COLUMNS) for s in samples],
+        "prompt/token_ids": [s.prompt_token_ids for s in samples],
+        "response/token_ids": [s.response_token_ids for s in samples],
+        "response/loss_mask": [s.loss_mask for s in samples],
+        "response/rollout_logprobs": [s.rollout_logprobs for s in samples],
+    }
+    columns = {c: [getattr(s, c) for s in samples] for c in JSON_COLUMNS}
+    text = json.dumps(columns, sort_keys=True).encode("utf-8")
+    sections = text_sections(
+        len(groups), len(samples), int(prompt_offsets[-1]), int(response_offsets[-1])
+    )
+    starts, end = [], 0
+    for _, dtype, count in sections:
+        starts.append(end)
+        end = align(end + count * dtype.itemsize)
+    blob = np.zeros(end + len(text), dtype=np.uint8)
+    for start, (name, dtype, count) in zip(starts, sections, strict=True):
+        target = blob[start : start + count * dtype.itemsize].view(dtype)
+        if name == "scalars":
+            target[:] = np.array(values[name], dtype=SCALARS_DTYPE)
+        elif name == "offsets":
+            target[:] = values[name]
+        elif count:
+            flat = [np.asarray(a).reshape(-1) for a in values[name]]
+            np.concatenate(flat, out=target, casting="unsafe")  # as np.asarray(a, dtype)
+    blob[end:] = np.frombuffer(text, dtype=np.uint8)
+    return blob
+
+
 def _write_samples(
     h5: _ChecksummedDatasets, groups: Sequence[Sequence[Sample]], samples: list[Sample]
 ) -> None:
-    """The version-3 sample datasets (the module docstring): few, because each costs h5py
-    ~0.15 ms to create and as much to read, more than its bytes at these sizes."""
-    h5["offsets"] = np.concatenate(
-        [
-            _offsets([len(g) for g in groups]),
-            _offsets([len(s.prompt_token_ids) for s in samples]),
-            _offsets([len(s.response_token_ids) for s in samples]),
-        ]
-    )
-    scalars = [tuple(getattr(s, c) for c in SCALAR_COLUMNS) for s in samples]
-    h5["sample/scalars"] = np.array(scalars, dtype=SCALARS_DTYPE)
-    columns = {c: [getattr(s, c) for s in samples] for c in JSON_COLUMNS}
-    text = json.dumps(columns, sort_keys=True)
-    h5["sample/json"] = np.frombuffer(text.encode("utf-8"), dtype=np.uint8)
-    h5["prompt/token_ids"] = _concat([s.prompt_token_ids for s in samples], np.int32)
-    h5["response/token_ids"] = _concat([s.response_token_ids for s in samples], np.int32)
-    h5["response/loss_mask"] = _concat([s.loss_mask for s in samples], np.uint8)
-    h5["response/rollout_logprobs"] = _concat([s.rollout_logprobs for s in samples], np.float32)
+    """The version-4 sample datasets (the module docstring): ``text`` alone for a text
+    shard, because each dataset costs h5py ~0.1 ms to create and as much to read (~0.3 ms
+    in a running trainer), more than its bytes at these sizes."""
+    h5["text"] = _text_blob(groups, samples)
     if any(s.images for s in samples):
         _put_array_list(h5, "images", [s.images for s in samples], np.uint8)
     if any(s.audio for s in samples):

@@ -1,12 +1,13 @@
 """The few HDF5 calls a shard makes, through h5py's low-level API.
 
 A shard is written on the rollout's path from new weights to the trainer's next batch and
-read on the trainer's path every step, and at a grpo_tiny shard's size (~40 KB, 7 datasets,
-9 attributes) h5py's high-level objects cost more than the bytes: ``File``, ``Dataset`` and
+read on the trainer's path every step, and at a grpo_tiny shard's size (~40 KB, 9 attributes,
+one dataset) h5py's high-level objects cost more than the bytes: ``File``, ``Dataset`` and
 ``AttributeManager`` build selections, property lists and registry entries per call. The
 low-level calls below write the same shard (the same datasets, dtypes and attribute types:
 a variable-length UTF-8 string per ``str``, a scalar per number) at ~2/3 of the CPU
-(``benchmarks/shard_io.py``: ~3.4 -> ~2.3 ms a write), and read an attribute at ~1/3.
+(``benchmarks/shard_io.py``, version-3 shards: ~3.1 -> ~2.4 ms a write), and read an
+attribute at ~1/3.
 
 Every identifier opened here is closed here: a file created with ``create_file`` is closed
 by ``close_file`` only after its datasets and attributes are, so that its bytes are on the
@@ -29,7 +30,7 @@ _STRING_MEMORY_TYPE = h5py.h5t.py_create(h5py.string_dtype())  # Python str obje
 
 def _intermediate_groups() -> h5py.h5p.PropLCID:
     plist = h5py.h5p.create(h5py.h5p.LINK_CREATE)
-    plist.set_create_intermediate_group(True)  # "sample/json" creates "sample"
+    plist.set_create_intermediate_group(True)  # "images/values" creates "images"
     return plist
 
 

@@ -27,7 +27,7 @@ from relax_hpc.spool.layout import SpoolLayout
 from relax_hpc.spool.quarantine import quarantine_shard
 
 
-def flip_stored_byte(path: Path, dataset: str = "response/token_ids") -> None:
+def flip_stored_byte(path: Path, dataset: str = "text") -> None:
     """Flip one bit in the middle of ``dataset``'s bytes in the file (not through HDF5), as a
     storage fault would; the header and every HDF5 structure stay intact."""
     with h5py.File(path, "r") as h5:

@@ -126,7 +126,7 @@ class _Corrupter:
             return
         _, groups = read_shard(aside)
         sample_ids = [s.sample_id for g in groups for s in g]
-        flip_stored_byte(aside, self.rng.choice(["response/token_ids", "prompt/token_ids"]))
+        flip_stored_byte(aside, "text")  # every text column is in it (schema version 4)
         os.rename(aside, self.layout.ready_dir / name)
         self.corrupted[name] = sample_ids
 

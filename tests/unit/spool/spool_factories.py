@@ -14,6 +14,7 @@ import h5py
 import numpy as np
 
 from relax_hpc.spool import AudioClip, Sample, ShardCorruptError
+from relax_hpc.spool.columns import align, text_sections
 from relax_hpc.spool.format import (
     CHECKSUMS_ATTR,
     HEADER_CHECKSUM_KEY,
@@ -171,3 +172,25 @@ def datasets_a_flip_goes_unnoticed_in(pristine: Path, scratch: Path) -> list[str
             assert f"checksum mismatch in dataset '{dataset}'" in str(error)
     return missed
 
+
+# --- version 4's ``text`` blob (spool/columns.py's ``text_sections``) ---------------------------
+def json_bytes(value) -> np.ndarray:
+    return np.frombuffer(json.dumps(value).encode(), dtype=np.uint8)
+
+
+def text_offsets(h5: h5py.File, blob: np.ndarray) -> np.ndarray:
+    """The packed offsets at the head of ``blob`` (the shard's ``text``): a writable view."""
+    g, n = int(h5.attrs["num_groups"]), int(h5.attrs["num_samples"])
+    return blob[: ((g + 1) + 2 * (n + 1)) * 8].view("<i8")
+
+
+def text_json_start(h5: h5py.File) -> int:
+    """Where the JSON columns begin in the shard's ``text``."""
+    blob = h5["text"][()]
+    offsets = text_offsets(h5, blob)
+    g, n = int(h5.attrs["num_groups"]), int(h5.attrs["num_samples"])
+    prompt_end, response_end = int(offsets[g + 1 + n]), int(offsets[-1])
+    end = 0
+    for _, dtype, count in text_sections(g, n, prompt_end, response_end):
+        end = align(end + count * dtype.itemsize)
+    return end

@@ -1,10 +1,12 @@
-"""The groups of ``tests/data/spool/shard_v2.h5``: a schema-version-2 shard written by the
-writer of version 2 (relax_hpc at commit 2fabcb2, before version 3) from exactly these
-groups, so that a reader of a later version can be checked against them field by
-field. Every kind of field is in it: all-fields samples with images and audio, a plain text
-group, a group sharing one media payload and a group whose samples hold their own.
+"""The groups of ``tests/data/spool/shard_v2.h5`` and ``shard_v3.h5``: a schema-version-2
+shard written by the writer of version 2 (relax_hpc at commit 2fabcb2, before version 3)
+and a version-3 shard written by the writer of version 3 (at commit c774a87, before version
+4), each from exactly these groups, so that a reader of a later version can be checked
+against them field by field. Every kind of field is in them: all-fields samples with
+images and audio, a plain text group, a group sharing one media payload and a group whose
+samples hold their own.
 
-Never regenerate the file with a newer writer: its whole point is the old writer's bytes.
+Never regenerate the files with a newer writer: their whole point is the old writers' bytes.
 """
 
 from __future__ import annotations
@@ -20,6 +22,9 @@ from relax_hpc.spool import Sample
 V2_SHARD_PATH = Path(__file__).resolve().parents[2] / "data" / "spool" / "shard_v2.h5"
 V2_WRITER_ID = "rollout-v2"
 V2_CREATED_UNIX_S = 1_765_000_000.5
+V3_SHARD_PATH = V2_SHARD_PATH.with_name("shard_v3.h5")
+V3_WRITER_ID = "rollout-v3"
+V3_CREATED_UNIX_S = 1_765_100_000.25
 
 
 def _payload(seed: int, shapes: tuple, clips: tuple) -> MediaPayload:

@@ -14,10 +14,13 @@ from spool_factories import (
     assert_samples_equal,
     dataset_names,
     datasets_a_flip_goes_unnoticed_in,
+    json_bytes,
     make_full_sample,
     make_group,
     make_sample,
     rewritten,
+    text_json_start,
+    text_offsets,
 )
 
 from relax_hpc.spool import SCHEMA_VERSION, AudioClip, ShardCorruptError, ShardVersionError
@@ -109,7 +112,7 @@ def test_writer_rejects_bad_groups(tmp_path: Path, groups, message: str) -> None
 def test_a_flipped_payload_byte_in_any_dataset_is_caught_and_named(tmp_path: Path) -> None:
     groups = [[make_full_sample("a0", "ga", 1), make_full_sample("a1", "ga", 2)]]
     pristine = _write(tmp_path / "pristine.h5", groups)
-    assert len(dataset_names(pristine)) >= 18  # every kind of column, images and audio included
+    assert len(dataset_names(pristine)) >= 12  # text, images and audio (five and six)
     missed = datasets_a_flip_goes_unnoticed_in(pristine, tmp_path)
     assert missed == [], "a flipped byte in these datasets was delivered silently"
 
@@ -161,14 +164,15 @@ def _corrupt_schema_name(path: Path) -> None:
 
 def _corrupt_missing_dataset(path: Path) -> None:
     with rewritten(path) as h5:
-        del h5["response/loss_mask"]
+        del h5["text"]
 
 
 def _corrupt_offsets(path: Path) -> None:
     with rewritten(path) as h5:
-        offsets = h5["offsets"][()]
+        blob = h5["text"][()]
+        offsets = text_offsets(h5, blob)
         offsets[-2] = offsets[-1] + 5  # the response offsets come last
-        h5["offsets"][...] = offsets
+        h5["text"][...] = blob
 
 
 def _corrupt_group_count(path: Path) -> None:
@@ -178,22 +182,24 @@ def _corrupt_group_count(path: Path) -> None:
 
 def _corrupt_dtype(path: Path) -> None:
     with rewritten(path) as h5:
-        values = h5["prompt/token_ids"][()]
-        del h5["prompt/token_ids"]
-        h5["prompt/token_ids"] = values.astype(np.float64)
+        values = h5["text"][()]
+        del h5["text"]
+        h5["text"] = values.astype(np.float64)
 
 
 def _corrupt_json(path: Path) -> None:
     with rewritten(path) as h5:
-        h5["sample/json"][0] = ord("}")
+        h5["text"][text_json_start(h5)] = ord("}")
 
 
 def _corrupt_json_types(path: Path) -> None:
     with rewritten(path) as h5:
-        columns = json.loads(h5["sample/json"][()].tobytes())
+        blob = h5["text"][()]
+        start = text_json_start(h5)
+        columns = json.loads(blob[start:].tobytes())
         columns["sample_id"] = [1, 2, 3, 4, 5]
-        del h5["sample/json"]
-        h5["sample/json"] = np.frombuffer(json.dumps(columns).encode(), dtype=np.uint8)
+        del h5["text"]
+        h5["text"] = np.concatenate([blob[:start], json_bytes(columns)])
 
 
 @pytest.mark.parametrize(

@@ -21,16 +21,8 @@ from relax_hpc.spool.format import read_shard, seal, write_shard_file
 from relax_hpc.spool.layout import SpoolLayout
 from relax_hpc.spool.quarantine import list_quarantined
 
-# The datasets of a text shard (schema version 3; version 2's are in test_spool_schema_v2.py).
-TEXT_DATASETS = [
-    "offsets",
-    "prompt/token_ids",
-    "response/loss_mask",
-    "response/rollout_logprobs",
-    "response/token_ids",
-    "sample/json",
-    "sample/scalars",
-]
+# The datasets of a text shard (schema version 4; earlier ones: test_spool_schema_versions.py).
+TEXT_DATASETS = ["text"]
 MEDIA_DATASETS = [
     "media/audio/lengths",
     "media/audio/offsets",
@@ -97,7 +89,8 @@ def test_shard_bytes_grow_by_the_images_once_whatever_the_group_size(tmp_path: P
         write_shard_file(with_media, [media_group("g", media, size)], "w0", 0.0)
         sizes[size] = with_media.stat().st_size - text.stat().st_size
     assert media.num_bytes <= sizes[2] < media.num_bytes + 8192
-    assert abs(sizes[16] - sizes[2]) < 1024  # 8x the samples, not 8x the images
+    # 8x the samples, not 8x the images (+336 KiB); HDF5 places metadata in 2 KiB blocks
+    assert abs(sizes[16] - sizes[2]) < 4096
     lines = inspect_lines(with_media, limit=1, decode=None)
     expected = f"  group media: 1 groups, 0 samples of their own, {media.num_bytes} bytes"
     assert f"{expected} (once per group or sample)" in lines

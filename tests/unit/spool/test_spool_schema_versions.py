@@ -1,7 +1,7 @@
-"""Schema versions: writers write version 3 only; the reader reads version 2 shards (written
-by relax_hpc before version 3, ``tests/data/spool/shard_v2.h5``) field for field, as strictly
-as before, so a run started before an upgrade resumes after it; a newer version is refused
-with the same message as always."""
+"""Schema versions: writers write version 4 only; the reader reads version 2 and 3 shards
+(written by relax_hpc before version 3 and 4, ``tests/data/spool/shard_v2.h5`` and
+``shard_v3.h5``) field for field, as strictly as before, so a run started before an upgrade
+resumes after it; a newer version is refused with the same message as always."""
 
 from __future__ import annotations
 
@@ -18,11 +18,22 @@ from spool_factories import (
     assert_samples_equal,
     dataset_names,
     datasets_a_flip_goes_unnoticed_in,
+    json_bytes,
     make_full_sample,
     make_group,
     rewritten,
+    text_json_start,
+    text_offsets,
 )
-from spool_v2_fixture import V2_CREATED_UNIX_S, V2_SHARD_PATH, V2_WRITER_ID, v2_fixture_groups
+from spool_v2_fixture import (
+    V2_CREATED_UNIX_S,
+    V2_SHARD_PATH,
+    V2_WRITER_ID,
+    V3_CREATED_UNIX_S,
+    V3_SHARD_PATH,
+    V3_WRITER_ID,
+    v2_fixture_groups,
+)
 
 from relax_hpc.spool import (
     ShardCorruptError,
@@ -67,10 +78,37 @@ V2_TEXT_DATASETS = [
 ]
 
 
-def _v2_copy(tmp_path: Path, name: str = "s.h5") -> Path:
+V3_TEXT_DATASETS = [
+    "offsets",
+    "prompt/token_ids",
+    "response/loss_mask",
+    "response/rollout_logprobs",
+    "response/token_ids",
+    "sample/json",
+    "sample/scalars",
+]
+
+
+def _copy(source: Path, tmp_path: Path, name: str = "s.h5") -> Path:
     path = tmp_path / name
-    shutil.copyfile(V2_SHARD_PATH, path)
+    shutil.copyfile(source, path)
     path.chmod(0o644)
+    return path
+
+
+def _v2_copy(tmp_path: Path, name: str = "s.h5") -> Path:
+    return _copy(V2_SHARD_PATH, tmp_path, name)
+
+
+def _shard_of(source: str, tmp_path: Path, name: str = "s.h5") -> Path:
+    """The fixture groups as a shard of version ``source`` ("v2", "v3": the old writers'
+    files; "v4": written now)."""
+    if source == "v2":
+        return _v2_copy(tmp_path, name)
+    if source == "v3":
+        return _copy(V3_SHARD_PATH, tmp_path, name)
+    path = tmp_path / name
+    write_shard_file(path, v2_fixture_groups(), V2_WRITER_ID, V2_CREATED_UNIX_S)
     return path
 
 
@@ -80,8 +118,8 @@ def _assert_groups_equal(got: list, want: list) -> None:
         assert_samples_equal(a, e)
 
 
-def test_writers_write_version_3_and_readers_accept_2_and_3() -> None:
-    assert (MIN_SCHEMA_VERSION, SCHEMA_VERSION) == (2, 3)
+def test_writers_write_version_4_and_readers_accept_2_to_4() -> None:
+    assert (MIN_SCHEMA_VERSION, SCHEMA_VERSION) == (2, 4)
 
 
 def test_the_fixture_is_a_version_2_shard_of_every_kind_of_field() -> None:
@@ -105,22 +143,50 @@ def test_a_version_2_shard_reads_back_every_field_equal() -> None:
     assert not full[0].response_token_ids.flags.writeable
 
 
-def test_a_version_3_shard_of_the_same_groups_reads_back_the_same(tmp_path: Path) -> None:
-    path = tmp_path / "v3.h5"
-    write_shard_file(path, v2_fixture_groups(), V2_WRITER_ID, V2_CREATED_UNIX_S)
+def test_the_fixture_is_a_version_3_shard_of_every_kind_of_field() -> None:
+    assert read_header(V3_SHARD_PATH).schema_version == 3
+    names = dataset_names(V3_SHARD_PATH)
+    assert set(V3_TEXT_DATASETS) <= set(names)
+    assert {"images/values", "audio/sample_rate_hz", "media/groups", "media/samples"} <= set(names)
+
+
+def test_a_version_3_shard_reads_back_every_field_equal() -> None:
+    header, got = read_shard(V3_SHARD_PATH)
+    assert (header.schema_version, header.writer_id) == (3, V3_WRITER_ID)
+    assert header.created_unix_s == V3_CREATED_UNIX_S
+    assert (header.num_groups, header.num_samples) == (4, 10)
+    _assert_groups_equal(got, v2_fixture_groups())
+    full, text, shared, own = got
+    assert all(s.media is shared[0].media for s in shared)
+    assert [s.media is None for s in own] == [False, True, False]
+    assert not full[0].response_token_ids.flags.writeable
+
+
+def test_a_version_4_shard_of_the_same_groups_reads_back_the_same(tmp_path: Path) -> None:
+    path = _shard_of("v4", tmp_path, "v4.h5")
     header, got = read_shard(path)
     v2_header, v2_got = read_shard(V2_SHARD_PATH)
-    assert header == dataclasses.replace(v2_header, schema_version=3)
+    assert header == dataclasses.replace(v2_header, schema_version=4)
     _assert_groups_equal(got, v2_got)
-    assert len(dataset_names(path)) < len(dataset_names(V2_SHARD_PATH)) - 9
+    names = dataset_names(path)
+    assert "text" in names and not set(V3_TEXT_DATASETS) & set(names)
+    assert len(names) == len(dataset_names(V3_SHARD_PATH)) - 6
+    assert not got[0][0].response_token_ids.flags.writeable
 
 
-def test_a_spool_holding_version_2_shards_resumes_after_the_upgrade(tmp_path: Path) -> None:
-    """ready/ holds a shard the old writer published; the upgraded writer publishes after it;
+@pytest.mark.parametrize("source", ["v2", "v3"])
+def test_a_spool_holding_older_shards_resumes_after_the_upgrade(
+    tmp_path: Path, source: str
+) -> None:
+    """ready/ holds a shard an old writer published; the upgraded writer publishes after it;
     the upgraded reader delivers both, in publish order, every field as written."""
-    writer = ShardWriter(tmp_path, "rollout.v3")
-    old_name = "1765000000500-rollout.v2-000000-0a1b2c3d-v5-g4-s10.h5"
-    shutil.copyfile(V2_SHARD_PATH, SpoolLayout(tmp_path).ready_dir / old_name)
+    writer = ShardWriter(tmp_path, "rollout.v4")
+    old_name = f"1765000000500-rollout.{source}-000000-0a1b2c3d-v5-g4-s10.h5"
+    _copy(
+        V2_SHARD_PATH if source == "v2" else V3_SHARD_PATH,
+        SpoolLayout(tmp_path).ready_dir,
+        old_name,
+    )
     after = [make_group("after", 2, policy_version=8)]
     writer.publish(after)
     reader = SpoolReader(tmp_path, SpoolConfig(poll_s=0.01))
@@ -128,15 +194,11 @@ def test_a_spool_holding_version_2_shards_resumes_after_the_upgrade(tmp_path: Pa
     _assert_groups_equal(got, [*v2_fixture_groups(), *after])
 
 
-@pytest.mark.parametrize("source", ["v2", "v3"])
-def test_a_flipped_byte_in_any_dataset_of_either_version_is_named(
+@pytest.mark.parametrize("source", ["v2", "v3", "v4"])
+def test_a_flipped_byte_in_any_dataset_of_every_version_is_named(
     tmp_path: Path, source: str
 ) -> None:
-    if source == "v2":
-        pristine = _v2_copy(tmp_path, "pristine.h5")
-    else:
-        pristine = tmp_path / "pristine.h5"
-        write_shard_file(pristine, v2_fixture_groups(), V2_WRITER_ID, V2_CREATED_UNIX_S)
+    pristine = _shard_of(source, tmp_path, "pristine.h5")
     missed = datasets_a_flip_goes_unnoticed_in(pristine, tmp_path)
     assert missed == []
 
@@ -149,10 +211,6 @@ def _replace(h5: h5py.File, name: str, values: np.ndarray) -> None:
     checksums = json.loads(h5.attrs[CHECKSUMS_ATTR])
     checksums[name] = zlib.crc32(np.ascontiguousarray(values))
     h5.attrs[CHECKSUMS_ATTR] = json.dumps(checksums, sort_keys=True)
-
-
-def _json_bytes(value) -> np.ndarray:
-    return np.frombuffer(json.dumps(value).encode(), dtype=np.uint8)
 
 
 def _v2_missing_dataset(h5: h5py.File) -> str:
@@ -178,7 +236,7 @@ def _v2_json(h5: h5py.File) -> str:
 
 
 def _v2_json_types(h5: h5py.File) -> str:
-    _replace(h5, "sample/sample_id", _json_bytes(list(range(10))))
+    _replace(h5, "sample/sample_id", json_bytes(list(range(10))))
     return "column 'sample/sample_id' holds values that are not str"
 
 
@@ -204,22 +262,80 @@ def _v3_json(h5: h5py.File) -> str:
 def _v3_json_columns(h5: h5py.File) -> str:
     columns = json.loads(h5["sample/json"][()].tobytes())
     del columns["metadata"]
-    _replace(h5, "sample/json", _json_bytes(columns))
+    _replace(h5, "sample/json", json_bytes(columns))
     return "'sample/json' is not an object of the columns"
 
 
 def _v3_json_types(h5: h5py.File) -> str:
     columns = json.loads(h5["sample/json"][()].tobytes())
     columns["sample_id"] = list(range(len(columns["sample_id"])))
-    _replace(h5, "sample/json", _json_bytes(columns))
+    _replace(h5, "sample/json", json_bytes(columns))
     return "column 'sample_id' of 'sample/json' holds values that are not str"
 
 
 def _v3_json_length(h5: h5py.File) -> str:
     columns = json.loads(h5["sample/json"][()].tobytes())
     columns["group_id"] = columns["group_id"][:-1]
-    _replace(h5, "sample/json", _json_bytes(columns))
+    _replace(h5, "sample/json", json_bytes(columns))
     return "column 'group_id' of 'sample/json' is not a list of 10 values"
+
+
+def _replace_text(h5: h5py.File, blob: np.ndarray) -> None:
+    _replace(h5, "text", blob)
+
+
+def _v4_missing_text(h5: h5py.File) -> str:
+    del h5["text"]
+    return "missing dataset 'text'"
+
+
+def _v4_dtype(h5: h5py.File) -> str:
+    _replace(h5, "text", h5["text"][()].astype(np.int32))
+    return "dataset 'text' has dtype int32"
+
+
+def _v4_offsets(h5: h5py.File) -> str:
+    blob = h5["text"][()]
+    offsets = text_offsets(h5, blob)
+    offsets[-2] = offsets[-1] + 5
+    _replace_text(h5, blob)
+    return "offsets 'text' \\(response\\) do not partition"
+
+
+def _v4_too_short_for_offsets(h5: h5py.File) -> str:
+    _replace_text(h5, h5["text"][()][:40])
+    return "'text' holds 40 bytes, fewer than its offsets"
+
+
+def _v4_tokens_past_the_end(h5: h5py.File) -> str:
+    blob = h5["text"][()]
+    offsets = text_offsets(h5, blob)
+    offsets[-1] += 1_000_000  # the response offsets still partition, into bytes not there
+    _replace_text(h5, blob)
+    return "'text' ends inside its 'response/token_ids' section"
+
+
+def _v4_json(h5: h5py.File) -> str:
+    blob = h5["text"][()]
+    blob[text_json_start(h5)] = 0xFF
+    _replace_text(h5, blob)
+    return "'text' is not utf-8 JSON"
+
+
+def _v4_json_columns(h5: h5py.File) -> str:
+    blob, start = h5["text"][()], text_json_start(h5)
+    columns = json.loads(blob[start:].tobytes())
+    del columns["metadata"]
+    _replace_text(h5, np.concatenate([blob[:start], json_bytes(columns)]))
+    return "'text' is not an object of the columns"
+
+
+def _v4_json_length(h5: h5py.File) -> str:
+    blob, start = h5["text"][()], text_json_start(h5)
+    columns = json.loads(blob[start:].tobytes())
+    columns["group_id"] = columns["group_id"][:-1]
+    _replace_text(h5, np.concatenate([blob[:start], json_bytes(columns)]))
+    return "column 'group_id' of 'text' is not a list of 10 values"
 
 
 @pytest.mark.parametrize(
@@ -236,29 +352,29 @@ def _v3_json_length(h5: h5py.File) -> str:
         _v3_json_columns,
         _v3_json_types,
         _v3_json_length,
+        _v4_missing_text,
+        _v4_dtype,
+        _v4_offsets,
+        _v4_too_short_for_offsets,
+        _v4_tokens_past_the_end,
+        _v4_json,
+        _v4_json_columns,
+        _v4_json_length,
     ],
 )
 def test_structural_damage_behind_valid_checksums_is_refused(tmp_path: Path, corrupt) -> None:
-    if corrupt.__name__.startswith("_v2"):
-        path = _v2_copy(tmp_path)
-    else:
-        path = tmp_path / "s.h5"
-        write_shard_file(path, v2_fixture_groups(), V2_WRITER_ID, V2_CREATED_UNIX_S)
+    path = _shard_of(corrupt.__name__[1:3], tmp_path)
     with rewritten(path) as h5:
         message = corrupt(h5)
     with pytest.raises(ShardCorruptError, match=f"s.h5: .*{message}"):
         read_shard(path)
 
 
-@pytest.mark.parametrize("source", ["v2", "v3"])
+@pytest.mark.parametrize("source", ["v2", "v3", "v4"])
 def test_a_header_above_the_schema_version_is_refused_as_before(
     tmp_path: Path, source: str
 ) -> None:
-    if source == "v2":
-        path = _v2_copy(tmp_path)
-    else:
-        path = tmp_path / "s.h5"
-        write_shard_file(path, [make_group("g")], "w0", 0.0)
+    path = _shard_of(source, tmp_path)
     with rewritten(path, header_checksum=True) as h5:  # a writer of a newer version
         h5.attrs["schema_version"] = SCHEMA_VERSION + 1
     message = (
@@ -271,7 +387,7 @@ def test_a_header_above_the_schema_version_is_refused_as_before(
         assert str(caught.value) == message
 
 
-def test_every_field_of_full_samples_round_trips_in_version_3(tmp_path: Path) -> None:
+def test_every_field_of_full_samples_round_trips_in_version_4(tmp_path: Path) -> None:
     groups = [[make_full_sample(f"f{k}", "f", seed=k) for k in range(3)], make_group("t", 2)]
     path = tmp_path / "s.h5"
     write_shard_file(path, groups, "w0", 0.0)
