@@ -122,6 +122,13 @@ def main(argv: list[str] | None = None) -> int:
         raise
 
 
+def _cpus_text() -> str:
+    """The CPUs this process may run on, as "0,1" (cluster.bind_cpus; Slurm's binding)."""
+    if not hasattr(os, "sched_getaffinity"):
+        return "any"
+    return ",".join(str(cpu) for cpu in sorted(os.sched_getaffinity(0)))
+
+
 def start_and_run(role: str, paths: RunPaths, identity: TaskIdentity) -> int:
     try:
         from relax_hpc.config import ConfigError
@@ -134,12 +141,13 @@ def start_and_run(role: str, paths: RunPaths, identity: TaskIdentity) -> int:
     except ConfigError as err:
         return config_error(paths, role, err.field, err.message)
     log.info(
-        "%s rank %d/%d of job attempt %s (%s)",
+        "%s rank %d/%d of job attempt %s (%s), on CPUs %s",
         role,
         identity.rank,
         identity.world_size,
         identity.attempt,
         identity.launcher,
+        _cpus_text(),
     )
     from relax_hpc.spool.errors import ShardVersionError  # the role's libraries are there
 

@@ -19,6 +19,23 @@ from dataclasses import dataclass
 LOCAL_PREFIX = "RELAX_HPC_"
 # How many starts of its job came before the task's own (local executor, batch script).
 START_COUNT_VAR = f"{LOCAL_PREFIX}RESTART_COUNT"
+# The CPUs that a bound trainer task's helper processes (its weight-send child) bind to:
+# those no trainer task is bound to (``launch/cpu_binding.py``), as "0,1"; unset: unbound.
+HELPER_CPUS_VAR = f"{LOCAL_PREFIX}HELPER_CPUS"
+
+
+def helper_cpus(env: Mapping[str, str] | None = None) -> set[int] | None:
+    """``HELPER_CPUS_VAR``'s CPUs, or None when it is unset; ValueError when malformed."""
+    text = (os.environ if env is None else env).get(HELPER_CPUS_VAR)
+    if text is None:
+        return None
+    try:
+        cpus = {int(part) for part in text.split(",")}
+    except ValueError:
+        cpus = set()
+    if not cpus or min(cpus) < 0:
+        raise ValueError(f"{HELPER_CPUS_VAR}={text!r} is not a comma list of CPU numbers")
+    return cpus
 
 
 @dataclass(frozen=True)
@@ -58,9 +75,7 @@ class TaskIdentity:
                 job_id=env["SLURM_JOB_ID"],
                 # The batch script counts its starts (requeues and the trainer's restarts in
                 # place, launch/sbatch.py); Slurm's own count is only the requeues.
-                restart_count=int(
-                    env.get(START_COUNT_VAR, env.get("SLURM_RESTART_COUNT", "0"))
-                ),
+                restart_count=int(env.get(START_COUNT_VAR, env.get("SLURM_RESTART_COUNT", "0"))),
                 launcher="slurm",
             )
         return cls(0, 1, 0, f"pid{os.getpid()}", 0, "none")

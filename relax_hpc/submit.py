@@ -176,7 +176,13 @@ def launch(cfg: RunConfig, paths: RunPaths, plan: JobPlan, kind: str) -> int:
         try:
             with hold_run_lock(paths, plan.run_lock_wait_s) as lock_fd:
                 keep = (lock_fd,) if lock_fd is not None else ()
-                executor = LocalExecutor(plan, paths, on_tick=progress.tick, keep_fds=keep)
+                executor = LocalExecutor(
+                    plan,
+                    paths,
+                    on_tick=progress.tick,
+                    keep_fds=keep,
+                    bind_cpus=cfg.cluster.bind_cpus,
+                )
                 exit_code = executor.run()
                 assert executor.end is not None
         except RunInUse as err:

@@ -254,6 +254,9 @@ class ClusterConfig:
     # at submission and written to config.yaml). A name like "python" is looked up on PATH.
     python: str | None = None
     extra_sbatch: dict[str, str] = field(default_factory=dict)  # additional #SBATCH --key=value
+    # Local runs: bind each task to its role's cpus_per_task CPUs of its own, as Slurm's task
+    # affinity does, when all fit and the roles run side by side (launch/cpu_binding.py).
+    bind_cpus: bool = True
 
 
 ALERT_EVENTS = (

@@ -27,6 +27,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from relax_hpc import exitcodes
+from relax_hpc.launch.cpu_binding import format_cpus, helper_cpus, plan_cpu_binding
 from relax_hpc.launch.outcome import (
     StartEnd,
     decide_end,
@@ -38,7 +39,7 @@ from relax_hpc.launch.outcome import (
 )
 from relax_hpc.launch.plan import JobPlan, RolePlan
 from relax_hpc.paths import RunPaths, tail_text
-from relax_hpc.runtime import LOCAL_PREFIX, START_COUNT_VAR, SUPERVISOR_PID_VAR
+from relax_hpc.runtime import HELPER_CPUS_VAR, LOCAL_PREFIX, START_COUNT_VAR, SUPERVISOR_PID_VAR
 
 TAIL_LINES = 20
 
@@ -65,6 +66,7 @@ class LocalExecutor:
         stop_timeout_s: float = 120.0,
         on_tick: Callable[[], None] = lambda: None,
         keep_fds: tuple[int, ...] = (),
+        bind_cpus: bool = False,
     ) -> None:
         self.plan = plan
         self.paths = paths
@@ -78,6 +80,10 @@ class LocalExecutor:
         self.interrupted: str | None = None
         self.watch = LocalWatch(paths)
         self.end: StartEnd | None = None  # how the last start ended
+        available = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+        # Each task's CPUs (cluster.bind_cpus; launch/cpu_binding.py): {} = unbound.
+        self.cpu_binding = plan_cpu_binding(plan, available) if bind_cpus else {}
+        self.helper_cpus = helper_cpus(self.cpu_binding, available)
 
     # --- public --------------------------------------------------------------------------------
     def run(self) -> int:
@@ -196,6 +202,9 @@ class LocalExecutor:
                 "PYTHONUNBUFFERED": "1",
             }
         )
+        cpus = self.cpu_binding.get((role.role, rank))
+        if cpus and role.role == "trainer" and self.helper_cpus:
+            env[HELPER_CPUS_VAR] = format_cpus(self.helper_cpus)
         log_path = self.paths.task_log(role.role, rank)
         log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(log_path, "ab") as log:
@@ -210,6 +219,12 @@ class LocalExecutor:
                 start_new_session=True,
                 pass_fds=self.keep_fds,
             )
+        if cpus:
+            # Before the task starts its threads (torch's, a keeper's worker): they inherit it.
+            try:
+                os.sched_setaffinity(process.pid, cpus)
+            except OSError as err:  # exited at once, or a CPU taken away meanwhile
+                print(f"relax_hpc: {role.role}[{rank}] left unbound: {err}", file=sys.stderr)
         return Task(role.role, rank, process, restart_count)
 
     def _wait_for_first_exit(self) -> Task:

@@ -48,6 +48,7 @@ import torch
 
 from relax_hpc.config.weightsync import WeightSyncConfig
 from relax_hpc.paths import RunPaths
+from relax_hpc.runtime import helper_cpus
 from relax_hpc.weightsync.errors import WeightSyncError
 from relax_hpc.weightsync.sender import SyncReport, WeightSender
 from relax_hpc.weightsync.shared_weights import SharedWeights
@@ -297,6 +298,21 @@ def _die_with_parent(parent_pid: int) -> None:
         os._exit(1)
 
 
+def _bind_to_helper_cpus() -> None:
+    """Off the trainer's own CPUs when the launcher bound it (``runtime.HELPER_CPUS_VAR``):
+    this process runs a round right when the trainer reads its next batch, and on the
+    trainer's core it stretched each step (docs/performance.md section 12)."""
+    try:
+        cpus = helper_cpus()
+        if cpus is not None:
+            os.sched_setaffinity(0, cpus)
+    except (OSError, ValueError) as err:
+        log.warning("weightsync: the send process stays on the trainer's CPUs: %s", err)
+    if hasattr(os, "sched_getaffinity"):
+        cpus = ",".join(str(cpu) for cpu in sorted(os.sched_getaffinity(0)))
+        log.info("weightsync: the send process runs on CPUs %s", cpus)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="the trainer's weight-send process")
     for flag in ("--commands-fd", "--nudges-fd", "--weights-fd", "--parent-pid"):
@@ -310,6 +326,7 @@ def main(argv: list[str] | None = None) -> int:
         format="%(asctime)s trainer[0].send %(levelname)s %(name)s: %(message)s",
         stream=sys.stdout,
     )
+    _bind_to_helper_cpus()
     torch.set_num_threads(1)  # bucket packing is memcpy; the trainer owns the cores
     conn = Connection(args.commands_fd)
     serve(conn, args.nudges_fd, SharedWeights(args.weights_fd))

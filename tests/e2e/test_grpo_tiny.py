@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
@@ -59,6 +60,20 @@ def test_grpo_tiny_visibly_learns(learned_run):
         "held-out greedy accuracy" in result.stderr
         and "exported Hugging Face model" in result.stderr
     )
+
+
+def test_each_role_ran_on_cpus_of_its_own(learned_run):
+    """cluster.bind_cpus (launch/cpu_binding.py): grpo_tiny's roles take 1 CPU per task;
+    the trainer's weight-send child runs on the CPUs the trainer was not given."""
+    available = sorted(os.sched_getaffinity(0))
+    if len(available) < 2:
+        pytest.skip("one CPU: nothing to split (CI's machine has 2)")
+    logs = RunPaths(learned_run[0]).logs_dir
+    trainer, rollout = (logs / "trainer-0.log").read_text(), (logs / "rollout-0.log").read_text()
+    assert f"(local), on CPUs {available[0]}\n" in trainer
+    helpers = ",".join(str(cpu) for cpu in available[1:])
+    assert f"the send process runs on CPUs {helpers}\n" in trainer
+    assert f"(local), on CPUs {available[1]}\n" in rollout
 
 
 def test_tensorboard_holds_the_scalars(learned_run):
