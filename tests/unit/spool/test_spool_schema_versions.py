@@ -122,42 +122,33 @@ def test_writers_write_version_4_and_readers_accept_2_to_4() -> None:
     assert (MIN_SCHEMA_VERSION, SCHEMA_VERSION) == (2, 4)
 
 
-def test_the_fixture_is_a_version_2_shard_of_every_kind_of_field() -> None:
-    assert read_header(V2_SHARD_PATH).schema_version == 2
-    names = dataset_names(V2_SHARD_PATH)
-    assert set(V2_TEXT_DATASETS) <= set(names)
+# version -> the old writer's shard of the fixture groups, its text datasets, writer, time
+FIXTURES = {
+    2: (V2_SHARD_PATH, V2_TEXT_DATASETS, V2_WRITER_ID, V2_CREATED_UNIX_S),
+    3: (V3_SHARD_PATH, V3_TEXT_DATASETS, V3_WRITER_ID, V3_CREATED_UNIX_S),
+}
+
+
+@pytest.mark.parametrize("version", sorted(FIXTURES))
+def test_each_fixture_is_a_shard_of_its_version_with_every_kind_of_field(version: int) -> None:
+    path, text_datasets, _, _ = FIXTURES[version]
+    assert read_header(path).schema_version == version
+    names = dataset_names(path)
+    assert set(text_datasets) <= set(names)
     assert {"images/values", "audio/sample_rate_hz", "media/groups", "media/samples"} <= set(names)
 
 
-def test_a_version_2_shard_reads_back_every_field_equal() -> None:
-    header, got = read_shard(V2_SHARD_PATH)
-    assert (header.schema_version, header.writer_id) == (2, V2_WRITER_ID)
-    assert header.created_unix_s == V2_CREATED_UNIX_S
+@pytest.mark.parametrize("version", sorted(FIXTURES))
+def test_each_fixture_reads_back_every_field_equal(version: int) -> None:
+    path, _, writer_id, created_unix_s = FIXTURES[version]
+    header, got = read_shard(path)
+    assert (header.schema_version, header.writer_id) == (version, writer_id)
+    assert header.created_unix_s == created_unix_s
     assert (header.num_groups, header.num_samples) == (4, 10)
     assert (header.min_policy_version, header.max_policy_version) == (5, 7)
-    want = v2_fixture_groups()
-    _assert_groups_equal(got, want)
-    full, text, shared, own = got
-    assert all(s.media is shared[0].media for s in shared)  # one object per group, as written
-    assert [s.media is None for s in own] == [False, True, False]
-    assert not full[0].response_token_ids.flags.writeable
-
-
-def test_the_fixture_is_a_version_3_shard_of_every_kind_of_field() -> None:
-    assert read_header(V3_SHARD_PATH).schema_version == 3
-    names = dataset_names(V3_SHARD_PATH)
-    assert set(V3_TEXT_DATASETS) <= set(names)
-    assert {"images/values", "audio/sample_rate_hz", "media/groups", "media/samples"} <= set(names)
-
-
-def test_a_version_3_shard_reads_back_every_field_equal() -> None:
-    header, got = read_shard(V3_SHARD_PATH)
-    assert (header.schema_version, header.writer_id) == (3, V3_WRITER_ID)
-    assert header.created_unix_s == V3_CREATED_UNIX_S
-    assert (header.num_groups, header.num_samples) == (4, 10)
     _assert_groups_equal(got, v2_fixture_groups())
     full, text, shared, own = got
-    assert all(s.media is shared[0].media for s in shared)
+    assert all(s.media is shared[0].media for s in shared)  # one object per group, as written
     assert [s.media is None for s in own] == [False, True, False]
     assert not full[0].response_token_ids.flags.writeable
 
