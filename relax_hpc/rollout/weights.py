@@ -13,6 +13,7 @@ import logging
 import time
 
 from relax_hpc.config import RunConfig
+from relax_hpc.observe.metrics import LogThrottle
 from relax_hpc.paths import RunPaths
 from relax_hpc.rollout.assignment import worker_name
 from relax_hpc.rollout.engines.base import Engine
@@ -36,6 +37,7 @@ class EngineWeights:
         self.receiver = receiver
         self.engine = engine
         self.load = load
+        self.log_lines = LogThrottle()  # "loaded policy_version": the first 10, then 1 a second
 
     def _behind(self, min_version: int) -> bool:
         current = self.receiver.current_policy_version
@@ -79,9 +81,12 @@ class EngineWeights:
                 update = self.receiver.load_latest_from_filesystem(self.load)
             if update is not None:
                 self.engine.policy_version = update.policy_version
-                log.info(
-                    "rollout: loaded policy_version %d (%s)", update.policy_version, update.source
-                )
+                if self.log_lines.due(force=update.source != "network"):  # a catch-up: always
+                    log.info(
+                        "rollout: loaded policy_version %d (%s)",
+                        update.policy_version,
+                        update.source,
+                    )
             current = self.receiver.current_policy_version
             if self.receiver.ready_to_generate and current is not None and current >= min_version:
                 return True

@@ -22,7 +22,7 @@ from relax_hpc.algo import AlgorithmSpec
 from relax_hpc.checkpoint.stateful import OpaqueState, RngState
 from relax_hpc.checkpoint.stop import StopFlag
 from relax_hpc.checkpoint.store import CheckpointInfo, CheckpointStore
-from relax_hpc.observe.metrics import MetricsLogger, PhaseTimer
+from relax_hpc.observe.metrics import LogThrottle, MetricsLogger, PhaseTimer
 from relax_hpc.spool import SpoolReader, SpoolTimeout
 from relax_hpc.trainer.backend import TrainerBackend
 from relax_hpc.trainer.batch import TrainBatch, collate
@@ -108,6 +108,7 @@ class Trainer:
         self.on_idle = on_idle
         self.progress = Progress()
         self.timer = PhaseTimer()
+        self.log_lines = LogThrottle()  # the per-step line: the first 10, then 1 a second
         self.checkpointed_step: int | None = None  # the step of the newest checkpoint
         # One optimiser update per step on a forward without randomness: the update's own
         # forward gives the old log-probs (update.old_logprobs_are_current), one forward less.
@@ -258,6 +259,8 @@ class Trainer:
         self.metrics.log(
             self.progress.step, metrics, extra={"policy_version": self.progress.policy_version}
         )
+        if not self.log_lines.due(force=self.progress.step >= self.settings.total_steps):
+            return
         log.info(
             "step %d/%d reward %.3f loss %.4f staleness %.2f",
             self.progress.step,

@@ -462,7 +462,8 @@ class WeightReceiver:
         self._version = manifest.policy_version
         self._fail_closed_reason = None
         seconds = time.monotonic() - start
-        log.info(
+        # DEBUG: the caller logs the version it loaded (rollout/weights.py, throttled)
+        log.debug(
             "weightsync: engine %s switched to policy_version %d", self.engine_id, self._version
         )
         return WeightUpdate(self._version, manifest.layout.total_nbytes, seconds, "network")
