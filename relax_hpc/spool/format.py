@@ -220,10 +220,9 @@ def _text_blob(groups: Sequence[Sequence[Sample]], samples: list[Sample]) -> np.
     prompt_offsets = _offsets([len(s.prompt_token_ids) for s in samples])
     response_offsets = _offsets([len(s.response_token_ids) for s in samples])
     values = {
-        "offsets": np.concatenate(
-            [_offsets([len(g) for g in groups]), prompt_offsets, response_offsets]
-        ),
-        "scalars": [tuple(getattr(s, c) for c in SCALAR_COLUMNS) for s in samples],
+        "offsets": [_offsets([len(g) for g in groups]), prompt_offsets, response_offsets],
+        "scalars": [np.array([tuple(getattr(s, c) for c in SCALAR_COLUMNS) for s in samples],
+                             dtype=SCALARS_DTYPE)],  # fmt: skip
         "prompt/token_ids": [s.prompt_token_ids for s in samples],
         "response/token_ids": [s.response_token_ids for s in samples],
         "response/loss_mask": [s.loss_mask for s in samples],
@@ -234,21 +233,17 @@ def _text_blob(groups: Sequence[Sequence[Sample]], samples: list[Sample]) -> np.
     sections = text_sections(
         len(groups), len(samples), int(prompt_offsets[-1]), int(response_offsets[-1])
     )
-    starts, end = [], 0
-    for _, dtype, count in sections:
-        starts.append(end)
-        end = align(end + count * dtype.itemsize)
-    blob = np.zeros(end + len(text), dtype=np.uint8)
-    for start, (name, dtype, count) in zip(starts, sections, strict=True):
-        target = blob[start : start + count * dtype.itemsize].view(dtype)
-        if name == "scalars":
-            target[:] = np.array(values[name], dtype=SCALARS_DTYPE)
-        elif name == "offsets":
-            target[:] = values[name]
-        elif count:
+    start, parts = 0, []
+    for name, dtype, count in sections:
+        parts.append((start, name, dtype, count))
+        start = align(start + count * dtype.itemsize)
+    blob = np.zeros(start + len(text), dtype=np.uint8)
+    for offset, name, dtype, count in parts:
+        if count:  # each array's values end to end, cast as np.asarray(a, dtype) would
+            target = blob[offset : offset + count * dtype.itemsize].view(dtype)
             flat = [np.asarray(a).reshape(-1) for a in values[name]]
-            np.concatenate(flat, out=target, casting="unsafe")  # as np.asarray(a, dtype)
-    blob[end:] = np.frombuffer(text, dtype=np.uint8)
+            np.concatenate(flat, out=target, casting="unsafe")
+    blob[start:] = np.frombuffer(text, dtype=np.uint8)
     return blob
 
 
