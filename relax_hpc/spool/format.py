@@ -214,6 +214,10 @@ def _check_group(group: Sequence[Sample], index: int) -> None:
             raise ValueError(f"sample {s.sample_id!r}: policy_version must be >= 0")
 
 
+def _scalars_of(sample: Sample) -> tuple:
+    return tuple(getattr(sample, c) for c in SCALAR_COLUMNS)
+
+
 def _text_blob(groups: Sequence[Sequence[Sample]], samples: list[Sample]) -> np.ndarray:
     """Version 4's ``text`` dataset: the sections of ``columns.text_sections``, each at a
     multiple of 8 bytes, then the JSON columns (the module docstring)."""
@@ -221,8 +225,7 @@ def _text_blob(groups: Sequence[Sequence[Sample]], samples: list[Sample]) -> np.
     response_offsets = _offsets([len(s.response_token_ids) for s in samples])
     values = {
         "offsets": [_offsets([len(g) for g in groups]), prompt_offsets, response_offsets],
-        "scalars": [np.array([tuple(getattr(s, c) for c in SCALAR_COLUMNS) for s in samples],
-                             dtype=SCALARS_DTYPE)],  # fmt: skip
+        "scalars": [np.array([_scalars_of(s) for s in samples], dtype=SCALARS_DTYPE)],
         "prompt/token_ids": [s.prompt_token_ids for s in samples],
         "response/token_ids": [s.response_token_ids for s in samples],
         "response/loss_mask": [s.loss_mask for s in samples],
