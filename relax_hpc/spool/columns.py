@@ -211,7 +211,7 @@ def read_text_v2(cols: Columns, num_samples: int, num_groups: int) -> TextColumn
 def read_text_v3(cols: Columns, num_samples: int, num_groups: int) -> TextColumns:
     """Version 3: the packed ``offsets``, ``sample/scalars`` and ``sample/json``."""
     n, g = num_samples, num_groups
-    packed = cols.array("offsets", np.int64, (g + 1) + 2 * (n + 1))
+    packed = cols.array("offsets", np.int64, packed_offsets_count(g, n))
     groups, prompt, response = np.split(packed, [g + 1, g + 1 + n + 1])
     scalars = cols.array("sample/scalars", SCALARS_DTYPE, n)
 
@@ -229,24 +229,32 @@ def read_text_v3(cols: Columns, num_samples: int, num_groups: int) -> TextColumn
     )
 
 
+def packed_offsets_count(num_groups: int, num_samples: int) -> int:
+    """Values in the three offsets arrays end to end (groups, prompts, responses)."""
+    return (num_groups + 1) + 2 * (num_samples + 1)
+
+
 def text_sections(
     num_groups: int, num_samples: int, num_prompt_tokens: int, num_response_tokens: int
-) -> list[tuple[str, np.dtype, int]]:
-    """Version 4's ``text`` blob before its JSON: (name, dtype, count) of each section, in
-    order; each starts at a multiple of 8 bytes (``align``), and the JSON fills the rest."""
-    g, n = num_groups, num_samples
-    return [
-        ("offsets", np.dtype("<i8"), (g + 1) + 2 * (n + 1)),
+) -> tuple[list[tuple[str, np.dtype, int, int]], int]:
+    """Version 4's ``text`` blob: (name, dtype, start, end byte) of each section before the
+    JSON, each starting at a multiple of 8 bytes, and where the JSON starts (it fills the
+    rest)."""
+    n, r = num_samples, num_response_tokens
+    counts = [
+        ("offsets", np.dtype("<i8"), packed_offsets_count(num_groups, n)),
         ("scalars", SCALARS_DTYPE, n),
         ("prompt/token_ids", np.dtype("<i4"), num_prompt_tokens),
-        ("response/token_ids", np.dtype("<i4"), num_response_tokens),
-        ("response/loss_mask", np.dtype("u1"), num_response_tokens),
-        ("response/rollout_logprobs", np.dtype("<f4"), num_response_tokens),
+        ("response/token_ids", np.dtype("<i4"), r),
+        ("response/loss_mask", np.dtype("u1"), r),
+        ("response/rollout_logprobs", np.dtype("<f4"), r),
     ]
-
-
-def align(num_bytes: int) -> int:
-    return -(-num_bytes // 8) * 8
+    sections, start = [], 0
+    for name, dtype, count in counts:
+        end = start + count * dtype.itemsize
+        sections.append((name, dtype, start, end))
+        start = -(-end // 8) * 8
+    return sections, start
 
 
 def read_text_v4(cols: Columns, num_samples: int, num_groups: int) -> TextColumns:
@@ -254,21 +262,20 @@ def read_text_v4(cols: Columns, num_samples: int, num_groups: int) -> TextColumn
     zero-copy views: one dataset to read where version 3 had seven."""
     n, g = num_samples, num_groups
     blob = cols.array("text", np.uint8)
-    offsets_bytes = ((g + 1) + 2 * (n + 1)) * 8
+    offsets_bytes = packed_offsets_count(g, n) * 8
     if len(blob) < offsets_bytes:
         raise ShardCorruptError(f"'text' holds {len(blob)} bytes, fewer than its offsets")
     packed = blob[:offsets_bytes].view("<i8")
     groups, prompt, response = np.split(packed, [g + 1, g + 1 + n + 1])
     for label, part in (("groups", groups), ("prompt", prompt), ("response", response)):
         checked_offsets(f"'text' ({label})", part, None)
-    sections, start = {}, 0
-    for name, dtype, count in text_sections(g, n, int(prompt[-1]), int(response[-1])):
-        end = start + count * dtype.itemsize
+    layout, json_start = text_sections(g, n, int(prompt[-1]), int(response[-1]))
+    sections = {}
+    for name, dtype, start, end in layout:
         if end > len(blob):
             raise ShardCorruptError(f"'text' ends inside its {name!r} section")
         sections[name] = blob[start:end].view(dtype)
-        start = align(end)
-    if start > len(blob):
+    if json_start > len(blob):
         raise ShardCorruptError("'text' holds no JSON section")
     scalars = sections["scalars"]
 
@@ -278,7 +285,7 @@ def read_text_v4(cols: Columns, num_samples: int, num_groups: int) -> TextColumn
 
     return TextColumns(
         group_offsets=checked_offsets("'text' (groups)", groups, n),
-        jsons=cols.json_section("text", blob[start:], JSON_COLUMNS),
+        jsons=cols.json_section("text", blob[json_start:], JSON_COLUMNS),
         scalars={c: scalars[c].tolist() for c in SCALAR_COLUMNS},
         prompts=cut("prompt/token_ids", prompt),
         responses=cut("response/token_ids", response),

@@ -119,7 +119,6 @@ from relax_hpc.spool.columns import (
     SCALARS_DTYPE,
     TEXT_READERS,
     Columns,
-    align,
     json_list,
     text_sections,
 )
@@ -233,20 +232,15 @@ def _text_blob(groups: Sequence[Sequence[Sample]], samples: list[Sample]) -> np.
     }
     columns = {c: [getattr(s, c) for s in samples] for c in JSON_COLUMNS}
     text = json.dumps(columns, sort_keys=True).encode("utf-8")
-    sections = text_sections(
+    sections, json_start = text_sections(
         len(groups), len(samples), int(prompt_offsets[-1]), int(response_offsets[-1])
     )
-    start, parts = 0, []
-    for name, dtype, count in sections:
-        parts.append((start, name, dtype, count))
-        start = align(start + count * dtype.itemsize)
-    blob = np.zeros(start + len(text), dtype=np.uint8)
-    for offset, name, dtype, count in parts:
-        if count:  # each array's values end to end, cast as np.asarray(a, dtype) would
-            target = blob[offset : offset + count * dtype.itemsize].view(dtype)
+    blob = np.zeros(json_start + len(text), dtype=np.uint8)
+    for name, dtype, start, end in sections:
+        if end > start:  # each array's values end to end, cast as np.asarray(a, dtype) would
             flat = [np.asarray(a).reshape(-1) for a in values[name]]
-            np.concatenate(flat, out=target, casting="unsafe")
-    blob[start:] = np.frombuffer(text, dtype=np.uint8)
+            np.concatenate(flat, out=blob[start:end].view(dtype), casting="unsafe")
+    blob[json_start:] = np.frombuffer(text, dtype=np.uint8)
     return blob
 
 

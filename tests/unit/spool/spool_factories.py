@@ -14,7 +14,7 @@ import h5py
 import numpy as np
 
 from relax_hpc.spool import AudioClip, Sample, ShardCorruptError
-from relax_hpc.spool.columns import align, text_sections
+from relax_hpc.spool.columns import packed_offsets_count, text_sections
 from relax_hpc.spool.format import (
     CHECKSUMS_ATTR,
     HEADER_CHECKSUM_KEY,
@@ -181,16 +181,11 @@ def json_bytes(value) -> np.ndarray:
 def text_offsets(h5: h5py.File, blob: np.ndarray) -> np.ndarray:
     """The packed offsets at the head of ``blob`` (the shard's ``text``): a writable view."""
     g, n = int(h5.attrs["num_groups"]), int(h5.attrs["num_samples"])
-    return blob[: ((g + 1) + 2 * (n + 1)) * 8].view("<i8")
+    return blob[: packed_offsets_count(g, n) * 8].view("<i8")
 
 
 def text_json_start(h5: h5py.File) -> int:
     """Where the JSON columns begin in the shard's ``text``."""
-    blob = h5["text"][()]
-    offsets = text_offsets(h5, blob)
+    offsets = text_offsets(h5, h5["text"][()])
     g, n = int(h5.attrs["num_groups"]), int(h5.attrs["num_samples"])
-    prompt_end, response_end = int(offsets[g + 1 + n]), int(offsets[-1])
-    end = 0
-    for _, dtype, count in text_sections(g, n, prompt_end, response_end):
-        end = align(end + count * dtype.itemsize)
-    return end
+    return text_sections(g, n, int(offsets[g + 1 + n]), int(offsets[-1]))[1]
