@@ -28,7 +28,7 @@ import time
 
 from relax_hpc import exitcodes
 from relax_hpc.paths import RunPaths, atomic_write_json, is_disk_full
-from relax_hpc.runtime import KEPT_ROLES, KEPT_VAR, TaskIdentity, stop_when_orphaned
+from relax_hpc.runtime import KEPT_ROLES, KEPT_VAR, TaskIdentity, own_cpus, stop_when_orphaned
 
 ROLES = ("trainer", "rollout", "judge")  # judge: judge.placement=component
 POOL_NAME = re.compile(r"^x[A-Za-z0-9_]{1,31}$")  # extra rollout pools: relax_hpc.scale
@@ -122,13 +122,6 @@ def main(argv: list[str] | None = None) -> int:
         raise
 
 
-def _cpus_text() -> str:
-    """The CPUs this process may run on, as "0,1" (cluster.bind_cpus; Slurm's binding)."""
-    if not hasattr(os, "sched_getaffinity"):
-        return "any"
-    return ",".join(str(cpu) for cpu in sorted(os.sched_getaffinity(0)))
-
-
 def start_and_run(role: str, paths: RunPaths, identity: TaskIdentity) -> int:
     try:
         from relax_hpc.config import ConfigError
@@ -147,7 +140,7 @@ def start_and_run(role: str, paths: RunPaths, identity: TaskIdentity) -> int:
         identity.world_size,
         identity.attempt,
         identity.launcher,
-        _cpus_text(),
+        own_cpus(),
     )
     from relax_hpc.spool.errors import ShardVersionError  # the role's libraries are there
 

@@ -24,6 +24,16 @@ START_COUNT_VAR = f"{LOCAL_PREFIX}RESTART_COUNT"
 HELPER_CPUS_VAR = f"{LOCAL_PREFIX}HELPER_CPUS"
 
 
+def format_cpus(cpus) -> str:
+    """CPU numbers as "0,1": as ``HELPER_CPUS_VAR`` holds them and the logs show them."""
+    return ",".join(str(cpu) for cpu in sorted(cpus))
+
+
+def own_cpus() -> str:
+    """The CPUs this process may run on (its binding), formatted; "any" where unknown."""
+    return format_cpus(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else "any"
+
+
 def helper_cpus(env: Mapping[str, str] | None = None) -> set[int] | None:
     """``HELPER_CPUS_VAR``'s CPUs, or None when it is unset; ValueError when malformed."""
     text = (os.environ if env is None else env).get(HELPER_CPUS_VAR)

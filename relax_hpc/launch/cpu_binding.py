@@ -42,8 +42,3 @@ def helper_cpus(binding: dict[TaskKey, tuple[int, ...]], available: Sequence[int
     """The CPUs no trainer task is bound to: where the trainer's helpers run."""
     trainer = {cpu for (role, _), cpus in binding.items() if role == "trainer" for cpu in cpus}
     return tuple(cpu for cpu in sorted(available) if cpu not in trainer)
-
-
-def format_cpus(cpus: Sequence[int]) -> str:
-    """CPUs as ``runtime.HELPER_CPUS_VAR`` holds them."""
-    return ",".join(str(cpu) for cpu in cpus)

@@ -27,7 +27,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from relax_hpc import exitcodes
-from relax_hpc.launch.cpu_binding import format_cpus, helper_cpus, plan_cpu_binding
+from relax_hpc.launch.cpu_binding import helper_cpus, plan_cpu_binding
 from relax_hpc.launch.outcome import (
     StartEnd,
     decide_end,
@@ -39,7 +39,13 @@ from relax_hpc.launch.outcome import (
 )
 from relax_hpc.launch.plan import JobPlan, RolePlan
 from relax_hpc.paths import RunPaths, tail_text
-from relax_hpc.runtime import HELPER_CPUS_VAR, LOCAL_PREFIX, START_COUNT_VAR, SUPERVISOR_PID_VAR
+from relax_hpc.runtime import (
+    HELPER_CPUS_VAR,
+    LOCAL_PREFIX,
+    START_COUNT_VAR,
+    SUPERVISOR_PID_VAR,
+    format_cpus,
+)
 
 TAIL_LINES = 20
 

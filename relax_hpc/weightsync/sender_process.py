@@ -48,7 +48,7 @@ import torch
 
 from relax_hpc.config.weightsync import WeightSyncConfig
 from relax_hpc.paths import RunPaths
-from relax_hpc.runtime import helper_cpus
+from relax_hpc.runtime import helper_cpus, own_cpus
 from relax_hpc.weightsync.errors import WeightSyncError
 from relax_hpc.weightsync.sender import SyncReport, WeightSender
 from relax_hpc.weightsync.shared_weights import SharedWeights
@@ -308,9 +308,7 @@ def _bind_to_helper_cpus() -> None:
             os.sched_setaffinity(0, cpus)
     except (OSError, ValueError) as err:
         log.warning("weightsync: the send process stays on the trainer's CPUs: %s", err)
-    if hasattr(os, "sched_getaffinity"):
-        cpus = ",".join(str(cpu) for cpu in sorted(os.sched_getaffinity(0)))
-        log.info("weightsync: the send process runs on CPUs %s", cpus)
+    log.info("weightsync: the send process runs on CPUs %s", own_cpus())
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -10,11 +10,11 @@ import textwrap
 
 import pytest
 
-from relax_hpc.launch.cpu_binding import format_cpus, helper_cpus, plan_cpu_binding
+from relax_hpc.launch.cpu_binding import helper_cpus, plan_cpu_binding
 from relax_hpc.launch.local import LocalExecutor
 from relax_hpc.launch.plan import JobPlan, RolePlan
 from relax_hpc.paths import RunPaths
-from relax_hpc.runtime import HELPER_CPUS_VAR
+from relax_hpc.runtime import HELPER_CPUS_VAR, format_cpus
 from relax_hpc.runtime import helper_cpus as helper_cpus_from_environ
 
 
