@@ -18,6 +18,7 @@ from relax_hpc.checkpoint.stop import StopFlag
 from relax_hpc.config import RunConfig
 from relax_hpc.data.datasets import build_dataset
 from relax_hpc.data.sampler import PromptSampler
+from relax_hpc.garbage import settle_after_startup
 from relax_hpc.media.processor import MediaProcessor
 from relax_hpc.observe.metrics import MetricsLogger
 from relax_hpc.paths import RunPaths
@@ -201,6 +202,7 @@ def run_rollout(cfg: RunConfig, paths: RunPaths, identity: TaskIdentity) -> int:
     assignment = build_assignment(cfg, paths, identity)
     heartbeat = start_heartbeat(cfg, paths, identity, parts.engine)
     worker = build_worker(cfg, paths, identity, parts, metrics, assignment, should_stop)
+    settle_after_startup()
     try:
         return worker.run()
     finally:

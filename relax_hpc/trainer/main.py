@@ -20,6 +20,7 @@ from relax_hpc.checkpoint.stop import StopFlag
 from relax_hpc.checkpoint.store import CheckpointStore, latest_checkpoint
 from relax_hpc.config import RunConfig
 from relax_hpc.config.weightsync import run_backend
+from relax_hpc.garbage import settle_after_startup
 from relax_hpc.models.build import resolve_dtype
 from relax_hpc.observe.cost import StepCostMetrics
 from relax_hpc.observe.metrics import MetricsLogger
@@ -146,6 +147,7 @@ def _train(cfg: RunConfig, paths: RunPaths, identity: TaskIdentity, device: torc
     )
     _resume_or_start(cfg, paths, trainer)
     publish_weights(trainer.progress.policy_version)
+    settle_after_startup()
     exit_code = trainer.run()
     metrics.close()  # the last step's status on disk before anything says the run ended
     if publisher is not None:
