@@ -111,9 +111,13 @@ def test_stop_flag_from_signal_and_from_cancel_file(tmp_path):
         assert flag.agreed() and flag.reason == "SIGUSR1"
     finally:
         signal.signal(signal.SIGUSR1, previous)
-    other = StopFlag(cancel_request=tmp_path / "cancel")
+    now = [0.0]
+    other = StopFlag(cancel_request=tmp_path / "cancel", check_interval_s=0.5, clock=lambda: now[0])
     assert not other.local_request()
     (tmp_path / "cancel").write_text("")
+    now[0] = 0.4
+    assert not other.local_request()  # looked for at most every 0.5 s: one stat a step cost
+    now[0] = 0.5
     assert other.local_request() and other.reason == "cancel requested"
 
 
