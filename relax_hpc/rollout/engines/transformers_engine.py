@@ -189,12 +189,26 @@ class TransformersEngine(Engine):
     ) -> tuple[Tensor, Tensor]:
         """Last-position logits of the left-padded prompts, and each row's next position.
 
+        A prompt that several rows share (a GRPO group's samples) runs through the model
+        once: its row of the cache and logits is then copied to each of them. The rows get
+        the same values as if each had run (one row's result does not depend on the
+        others'), up to float round-off. grpo_tiny: 16 forwards instead of 128 rows.
+
         Subclasses override it to put media into the prompt (their models may place tokens
         at other than consecutive positions, e.g. multimodal rotary positions).
         """
         positions_BL = (mask_BL.cumsum(-1) - 1).clamp(min=0)
-        logits_BV = self._forward(input_ids_BL, mask_BL, positions_BL, cache)
-        return logits_BV, positions_BL[:, -1] + 1
+        firsts, index_B = distinct_prompts([r.prompt_ids for r in requests])
+        if len(firsts) == len(requests):
+            logits_BV = self._forward(input_ids_BL, mask_BL, positions_BL, cache)
+            return logits_BV, positions_BL[:, -1] + 1
+        rows_U = torch.tensor(firsts, device=input_ids_BL.device)
+        logits_UV = self._forward(
+            input_ids_BL[rows_U], mask_BL[rows_U], positions_BL[rows_U], cache
+        )
+        index_B = torch.tensor(index_B, device=input_ids_BL.device)
+        cache.batch_select_indices(index_B)  # each row gets its prompt's keys and values
+        return logits_UV[index_B], positions_BL[:, -1] + 1
 
     def _forward(
         self, input_ids: Tensor, mask: Tensor, positions: Tensor, cache: DynamicCache
@@ -245,6 +259,20 @@ class TransformersEngine(Engine):
                 if stop in tail:
                     return "stop", stop
         return ("length", None) if last_step else None
+
+
+def distinct_prompts(prompts: Sequence[Sequence[int]]) -> tuple[list[int], list[int]]:
+    """The row of each distinct prompt's first occurrence, and each row's index among them."""
+    first_of: dict[tuple[int, ...], int] = {}
+    firsts: list[int] = []
+    index_of_row: list[int] = []
+    for row, prompt in enumerate(prompts):
+        key = tuple(prompt)
+        if key not in first_of:
+            first_of[key] = len(firsts)
+            firsts.append(row)
+        index_of_row.append(first_of[key])
+    return firsts, index_of_row
 
 
 # Model types whose every layer attends causally over the whole sequence (no sliding window,

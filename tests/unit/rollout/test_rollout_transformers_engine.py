@@ -10,7 +10,11 @@ from tiny_models import tiny_qwen3, tiny_qwen3_config
 
 from relax_hpc.models.build import build_causal_lm
 from relax_hpc.rollout.engines.base import GenerationRequest, SamplingParams
-from relax_hpc.rollout.engines.transformers_engine import TransformersEngine, top_k_top_p_filter
+from relax_hpc.rollout.engines.transformers_engine import (
+    TransformersEngine,
+    distinct_prompts,
+    top_k_top_p_filter,
+)
 
 PROMPTS = ["1+2=", "37+48=", "hello there, ", "0=", "The quick brown fox"]
 
@@ -48,6 +52,43 @@ def test_samples_depend_on_seed_and_sample_id_not_on_the_batch(engine):
     assert [c.token_ids for c in other_seed] != [c.token_ids for c in batch]
     renamed = [GenerationRequest(r.sample_id + "x", r.prompt_ids) for r in requests(engine)]
     assert [c.token_ids for c in engine.generate(renamed, params)] != [c.token_ids for c in batch]
+
+
+def group_requests(engine, prompts, samples_per_prompt) -> list[GenerationRequest]:
+    """GRPO's shape: each prompt asked ``samples_per_prompt`` times, as consecutive rows."""
+    return [
+        GenerationRequest(f"g{i}/{k}", engine.tokenizer(p)["input_ids"])
+        for i, p in enumerate(prompts)
+        for k in range(samples_per_prompt)
+    ]
+
+
+def test_distinct_prompts_maps_each_row_to_its_prompts_first_row():
+    firsts, index = distinct_prompts([[1, 2], [3], [1, 2], [0, 3], [3]])
+    assert firsts == [0, 1, 3]
+    assert index == [0, 1, 0, 2, 1]  # [3] and [0, 3] differ: padding never merges them
+
+
+def test_a_shared_prompt_runs_once_and_each_row_generates_as_if_alone():
+    model, tokenizer = tiny_qwen3()
+    engine = TransformersEngine(model, tokenizer)  # one micro-batch of all 12 rows
+    batch_sizes = []
+    hook = engine.model.register_forward_pre_hook(
+        lambda _module, _args, kwargs: batch_sizes.append(kwargs["input_ids"].shape[0]),
+        with_kwargs=True,
+    )
+    params = SamplingParams(temperature=1.0, max_new_tokens=6, seed=3)
+    grouped = group_requests(engine, ["1+2=", "37+48=", "0="], samples_per_prompt=4)
+    try:
+        shared = engine.generate(grouped, params)
+    finally:
+        hook.remove()
+    assert batch_sizes[0] == 3  # the prefill: one row per distinct prompt, not 12
+    alone = [engine.generate([r], params)[0] for r in grouped]
+    for a, b in zip(shared, alone, strict=True):
+        assert a.token_ids == b.token_ids
+        assert a.logprobs == pytest.approx(b.logprobs, abs=1e-5)
+    assert len({tuple(c.token_ids) for c in shared}) > 3  # the rows of a prompt diverge
 
 
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
