@@ -59,3 +59,18 @@ def test_a_background_status_write_that_fails_raises_in_the_callers_thread(tmp_p
             time.sleep(0.001)
         status.close()
     status.close()  # nothing pending, no error left: closes quietly
+
+
+def test_a_background_status_file_is_rewritten_at_most_every_interval(tmp_path):
+    path = tmp_path / "trainer.json"
+    status = BackgroundStatusFile(path, min_interval_s=60.0)
+    status.put({"step": 1})  # the first record: at once
+    deadline = time.monotonic() + 10
+    while not path.exists() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    status.put({"step": 2})
+    status.put({"step": 3})
+    time.sleep(0.2)
+    assert read_json(path)["step"] == 1  # the next write waits for the interval
+    status.close()  # ... except the last one, written by close at once
+    assert read_json(path)["step"] == 3  # the newest; step 2 was never written
