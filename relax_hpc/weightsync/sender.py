@@ -50,6 +50,7 @@ from pathlib import Path
 import torch
 
 from relax_hpc.config.weightsync import WeightSyncConfig
+from relax_hpc.observe.metrics import LogThrottle
 from relax_hpc.paths import RunPaths
 from relax_hpc.weightsync import fs_export, protocol, rendezvous
 from relax_hpc.weightsync.admission import Admission
@@ -127,6 +128,10 @@ class WeightSender:
             self.config.busy_steps, self.config.busy_floor_s, self.config.busy_timeout_s
         )
         self._round_candidates: dict[int, list[str]] = {}
+        # "policy_version N -> M engines": the first 10 syncs, then 1 a second, and every
+        # sync that failed, dropped or served joiners (a line per ~40 ms step cost the send
+        # process's core, the rollout's, ~0.4 ms a step)
+        self._log_lines = LogThrottle()
 
     # --- lifecycle ---------------------------------------------------------------------------
     def start(self) -> rendezvous.TrainerEndpoint:
@@ -220,6 +225,9 @@ class WeightSender:
         if self._should_publish(report):
             report.published_dir = str(self.publish_to_filesystem(named, policy_version))
         report.seconds = time.monotonic() - start
+        unusual = only is not None or not report.members or report.failed or report.dropped
+        if not self._log_lines.due(force=bool(unusual)):
+            return report  # every round's figures are in the trainer's TensorBoard run
         log.info(
             "weightsync: policy_version %d -> %d engines in %.3f s (%d bytes; failed %s, dropped %s)",
             policy_version,

@@ -19,6 +19,7 @@ from weightsync_peers import (
     wait_until,
 )
 
+from relax_hpc.observe.metrics import LogThrottle
 from relax_hpc.paths import RunPaths, read_json
 from relax_hpc.weightsync import WeightSender, WeightSyncConfig
 from relax_hpc.weightsync.fs_export import latest_published_version
@@ -92,6 +93,22 @@ def test_two_engines_sync_several_versions(run, config):
             record = _await_update(paths.root, engine_id, version)
             assert record["fingerprint"] == expected_fingerprint(version, torch.bfloat16)
     assert generations == [generations[0]] * 3, "an unchanged membership reuses its group"
+    sender.close()
+
+
+def test_the_per_sync_log_line_is_throttled_but_never_for_an_unusual_sync(run, config, caplog):
+    paths, processes, make_sender = run
+    sender = make_sender()
+    sender._log_lines = LogThrottle(clock=lambda: 0.0)  # a frozen clock: the first 10 only
+    processes.append(spawn_engine(paths.root, "e1", config))
+    _await_admitted(sender, ["e1"])
+    for version in range(1, 13):
+        assert sender.sync(make_state(version), version).members == ["e1"]
+    sender.sync(make_state(12), 12, only=["e1"])  # a joiner's catch-up: always logged
+    lines = [r.getMessage() for r in caplog.records if "engines in" in r.getMessage()]
+    assert len(lines) == 11, lines
+    assert "policy_version 10 -> 1 engines" in lines[9]
+    assert "policy_version 12 -> " in lines[10]
     sender.close()
 
 
