@@ -142,8 +142,8 @@ class BackgroundStatusFile:
                     return
             next_write = time.monotonic() + self.min_interval_s
             try:
-                # Advisory, rewritten every step (watcher, console, status CLI): no fsync
-                # (paths' module docstring); a crash loses at most the last step's line.
+                # Advisory (watcher, console, status CLI): no fsync (paths' module
+                # docstring); a crash loses at most the records of the last interval.
                 atomic_write_json(self.path, record, durable=False)
             except Exception as error:  # noqa: BLE001 - handed to the caller's thread
                 with self._wake:
