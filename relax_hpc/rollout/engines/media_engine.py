@@ -26,7 +26,7 @@ Must not: score, touch the spool, or import the trainer.
 from __future__ import annotations
 
 import inspect
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from typing import Any
 
 from torch import Tensor
@@ -65,6 +65,13 @@ class MediaTransformersEngine(TransformersEngine):
         mask_BL: Tensor,
         cache: DynamicCache,
     ) -> tuple[Tensor, Tensor]:
+        """The base engine's, with the media in the prompt: a group's samples (one prompt,
+        one media object) run through the towers and the prefill once, and get copies."""
+        shared = self._shared_rows(requests, input_ids_BL.device)
+        if shared is not None:
+            firsts_U, index_B = shared
+            requests = [requests[row] for row in firsts_U.tolist()]
+            input_ids_BL, mask_BL = input_ids_BL[firsts_U], mask_BL[firsts_U]
         media = collate_media(self._media_inputs(requests), self.device)
         out = self.model(
             input_ids=input_ids_BL,
@@ -74,8 +81,17 @@ class MediaTransformersEngine(TransformersEngine):
             **media,
             **self._last_logits_only,
         )
-        next_position_B = input_ids_BL.shape[1] + out.rope_deltas.reshape(-1).to(mask_BL.device)
-        return self._policy_logits(out.logits[:, -1]), next_position_B
+        next_position = input_ids_BL.shape[1] + out.rope_deltas.reshape(-1).to(mask_BL.device)
+        logits = self._policy_logits(out.logits[:, -1])
+        if shared is None:
+            return logits, next_position
+        cache.batch_select_indices(index_B)  # each row gets its prompt's keys and values
+        return logits[index_B], next_position[index_B]
+
+    def _prefill_key(self, request: GenerationRequest) -> Hashable:
+        """Equal prompts with the same media object (a group's) have equal prefills."""
+        media = id(request.multimodal) if request.multimodal else None
+        return tuple(request.prompt_ids), media
 
     def _forward(
         self, input_ids: Tensor, mask: Tensor, positions: Tensor, cache: DynamicCache

@@ -26,7 +26,7 @@ Must not: score completions, touch the spool, or import the trainer.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Hashable, Iterable, Mapping, Sequence
 
 import numpy as np
 import torch
@@ -198,17 +198,30 @@ class TransformersEngine(Engine):
         at other than consecutive positions, e.g. multimodal rotary positions).
         """
         positions_BL = (mask_BL.cumsum(-1) - 1).clamp(min=0)
-        firsts, index_B = distinct_prompts([r.prompt_ids for r in requests])
-        if len(firsts) == len(requests):
+        shared = self._shared_rows(requests, input_ids_BL.device)
+        if shared is None:
             logits_BV = self._forward(input_ids_BL, mask_BL, positions_BL, cache)
             return logits_BV, positions_BL[:, -1] + 1
-        rows_U = torch.tensor(firsts, device=input_ids_BL.device)
+        firsts_U, index_B = shared
         logits_UV = self._forward(
-            input_ids_BL[rows_U], mask_BL[rows_U], positions_BL[rows_U], cache
+            input_ids_BL[firsts_U], mask_BL[firsts_U], positions_BL[firsts_U], cache
         )
-        index_B = torch.tensor(index_B, device=input_ids_BL.device)
         cache.batch_select_indices(index_B)  # each row gets its prompt's keys and values
         return logits_UV[index_B], positions_BL[:, -1] + 1
+
+    def _prefill_key(self, request: GenerationRequest) -> Hashable:
+        """Requests with equal keys have equal prefills: here, equal prompts."""
+        return tuple(request.prompt_ids)
+
+    def _shared_rows(
+        self, requests: Sequence[GenerationRequest], device: torch.device
+    ) -> tuple[Tensor, Tensor] | None:
+        """(the first row of each distinct prefill, each row's index among them), or None
+        when no two rows share one."""
+        firsts, index_of_row = distinct_rows([self._prefill_key(r) for r in requests])
+        if len(firsts) == len(requests):
+            return None
+        return torch.tensor(firsts, device=device), torch.tensor(index_of_row, device=device)
 
     def _forward(
         self, input_ids: Tensor, mask: Tensor, positions: Tensor, cache: DynamicCache
@@ -261,13 +274,12 @@ class TransformersEngine(Engine):
         return ("length", None) if last_step else None
 
 
-def distinct_prompts(prompts: Sequence[Sequence[int]]) -> tuple[list[int], list[int]]:
-    """The row of each distinct prompt's first occurrence, and each row's index among them."""
-    first_of: dict[tuple[int, ...], int] = {}
+def distinct_rows(keys: Sequence[Hashable]) -> tuple[list[int], list[int]]:
+    """The row of each distinct key's first occurrence, and each row's index among them."""
+    first_of: dict[Hashable, int] = {}
     firsts: list[int] = []
     index_of_row: list[int] = []
-    for row, prompt in enumerate(prompts):
-        key = tuple(prompt)
+    for row, key in enumerate(keys):
         if key not in first_of:
             first_of[key] = len(firsts)
             firsts.append(row)

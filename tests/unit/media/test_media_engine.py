@@ -159,6 +159,33 @@ def test_samples_depend_on_seed_and_sample_id_not_on_the_batch(setup):
         assert a.logprobs == pytest.approx(b.logprobs, abs=1e-5)
 
 
+def test_a_groups_rows_share_one_prefill_and_generate_as_if_alone(setup):
+    """GRPO's shape: each prompt asked 3 times with one media object; the towers and the
+    prefill see each prompt once, and every row samples what it would alone."""
+    model, processor, _, requests = setup
+    engine = MediaTransformersEngine(model, processor)
+    grouped = [
+        GenerationRequest(f"{r.sample_id}/{k}", r.prompt_ids, r.multimodal)
+        for r in requests
+        for k in range(3)
+    ]
+    prefill_rows = []
+    hook = engine.model.register_forward_pre_hook(
+        lambda _module, _args, kwargs: prefill_rows.append(kwargs["input_ids"].shape[0]),
+        with_kwargs=True,
+    )
+    params = SamplingParams(temperature=1.5, max_new_tokens=6, seed=7)
+    try:
+        shared = engine.generate(grouped, params)
+    finally:
+        hook.remove()
+    assert prefill_rows[0] == len(requests)  # one row per prompt and media, not 3
+    alone = [engine.generate([r], params)[0] for r in grouped]
+    for a, b in zip(shared, alone, strict=True):
+        assert a.token_ids == b.token_ids
+        assert a.logprobs == pytest.approx(b.logprobs, abs=1e-5)
+
+
 def test_media_tokens_are_never_written_even_by_a_model_that_prefers_them():
     model, processor = tiny("qwen3_vl")
     model = copy.deepcopy(model)

@@ -12,7 +12,7 @@ from relax_hpc.models.build import build_causal_lm
 from relax_hpc.rollout.engines.base import GenerationRequest, SamplingParams
 from relax_hpc.rollout.engines.transformers_engine import (
     TransformersEngine,
-    distinct_prompts,
+    distinct_rows,
     top_k_top_p_filter,
 )
 
@@ -63,8 +63,8 @@ def group_requests(engine, prompts, samples_per_prompt) -> list[GenerationReques
     ]
 
 
-def test_distinct_prompts_maps_each_row_to_its_prompts_first_row():
-    firsts, index = distinct_prompts([[1, 2], [3], [1, 2], [0, 3], [3]])
+def test_distinct_rows_maps_each_row_to_its_keys_first_row():
+    firsts, index = distinct_rows([(1, 2), (3,), (1, 2), (0, 3), (3,)])
     assert firsts == [0, 1, 3]
     assert index == [0, 1, 0, 2, 1]  # [3] and [0, 3] differ: padding never merges them
 
